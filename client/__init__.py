@@ -1,0 +1,28 @@
+"""packfeed.client: the packed-row contract and how to consume it.
+
+Light dependencies (numpy; grpcio for the stream). Imports nothing else of packfeed.
+"""
+
+from packfeed.client.rows import (
+    COLUMN_DTYPES,
+    IGNORE_INDEX,
+    PAD_SAMPLE_ID,
+    ROW_COLUMNS,
+    PackedRows,
+    check_rows,
+    cu_seqlens,
+    positions_from_seq_lens,
+    seq_lens_from_positions,
+)
+
+__all__ = [
+    "COLUMN_DTYPES",
+    "IGNORE_INDEX",
+    "PAD_SAMPLE_ID",
+    "ROW_COLUMNS",
+    "PackedRows",
+    "check_rows",
+    "cu_seqlens",
+    "positions_from_seq_lens",
+    "seq_lens_from_positions",
+]

@@ -1,0 +1,188 @@
+"""The packed row: one convention, defined once (see ../shared/DESIGN.md).
+
+A row has ``seq_len`` (L) slots holding whole samples (or pieces of samples) back to back,
+then padding. Columns:
+
+==============  ===========  ==============================================================
+column          dtype        meaning
+==============  ===========  ==============================================================
+input_ids       int32[L]     tokens; the pad id after the last segment
+labels          int32[L]     the token where trained, IGNORE_INDEX (-100) where not: prompts
+                             (loss on completions only), padding, and the first token of
+                             every segment, so no sample is trained to predict the next one
+position_ids    int32[L]     0, 1, 2, ... restarting at 0 at every segment start; the padding
+                             tail is one more segment
+seq_lens        int32[k]     lengths of the k segments, padding segment included; sum is L
+sample_ids      int64[k]     global source index of each segment's sample; PAD_SAMPLE_ID (-1)
+                             for the padding segment
+row_index       int64        position of the row in the deterministic stream
+==============  ===========  ==============================================================
+
+Worked example, L=8, samples 7 ([5,6,7]) and 9 ([8,9]), loss on every token::
+
+    input_ids    = [5, 6, 7, 8, 9, 0, 0, 0]
+    labels       = [-100, 6, 7, -100, 9, -100, -100, -100]
+    position_ids = [0, 1, 2, 0, 1, 0, 1, 2]
+    seq_lens     = [3, 2, 3]
+    sample_ids   = [7, 9, -1]
+
+This module imports only numpy: the service writes rows with it, the client and the trainer
+read them with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+IGNORE_INDEX = -100
+PAD_SAMPLE_ID = -1
+
+# Fixed-length columns ([L] per row) and variable-length ones ([k] per row).
+TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
+SEGMENT_COLUMNS = ("seq_lens", "sample_ids")
+ROW_COLUMNS = TOKEN_COLUMNS + SEGMENT_COLUMNS + ("row_index",)
+COLUMN_DTYPES = {
+    "input_ids": np.int32,
+    "labels": np.int32,
+    "position_ids": np.int32,
+    "seq_lens": np.int32,
+    "sample_ids": np.int64,
+    "row_index": np.int64,
+}
+
+
+def positions_from_seq_lens(seq_lens: np.ndarray) -> np.ndarray:
+    """Position ids restarting at 0 for every segment: seq_lens [3, 2] -> [0, 1, 2, 0, 1].
+
+    Cost: O(sum(seq_lens)), vectorised.
+    """
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    total = int(seq_lens.sum())
+    starts = np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
+    return (np.arange(total, dtype=np.int64) - starts).astype(np.int32)
+
+
+def seq_lens_from_positions(position_ids: np.ndarray) -> np.ndarray:
+    """Segment lengths of one row from its positions: [0, 1, 2, 0, 1] -> [3, 2].
+
+    Segments start where the position is 0, so the two views of a row agree by construction.
+    """
+    position_ids = np.asarray(position_ids)
+    starts = np.flatnonzero(position_ids == 0)
+    if len(starts) == 0 or starts[0] != 0:
+        raise ValueError("a packed row must start a segment at slot 0 (position_ids[0] == 0)")
+    return np.diff(np.append(starts, len(position_ids))).astype(np.int32)
+
+
+def cu_seqlens(seq_lens_per_row: list[np.ndarray] | np.ndarray, seq_len: int) -> np.ndarray:
+    """Global cumulative segment offsets over B rows flattened to B*L tokens.
+
+    Every row start is a boundary. For rows with seq_lens [3, 5] and [8], L=8:
+    [0, 3, 8, 16]. int32, as flash-attention kernels expect.
+    """
+    pieces = [np.zeros(1, dtype=np.int64)]
+    for r, lens in enumerate(seq_lens_per_row):
+        lens = np.asarray(lens, dtype=np.int64)
+        if int(lens.sum()) != seq_len:
+            raise ValueError(f"row {r}: seq_lens sum to {int(lens.sum())}, expected seq_len={seq_len}")
+        pieces.append(r * seq_len + np.cumsum(lens))
+    return np.concatenate(pieces).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """B packed rows, column-wise.
+
+    Token columns are [B, L] arrays. The per-row segment columns are stored flat, CSR style:
+    row r's segments are ``seq_lens[segment_splits[r]:segment_splits[r+1]]`` (same for
+    ``sample_ids``). That layout is an Arrow list array and the wire format without copies.
+    """
+
+    input_ids: np.ndarray  # int32 [B, L]
+    labels: np.ndarray  # int32 [B, L]
+    position_ids: np.ndarray  # int32 [B, L]
+    seq_lens: np.ndarray  # int32 [total segments]
+    sample_ids: np.ndarray  # int64 [total segments]
+    segment_splits: np.ndarray  # int64 [B + 1]
+    row_index: np.ndarray  # int64 [B]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def row_seq_lens(self, r: int) -> np.ndarray:
+        return self.seq_lens[self.segment_splits[r] : self.segment_splits[r + 1]]
+
+    def row_sample_ids(self, r: int) -> np.ndarray:
+        return self.sample_ids[self.segment_splits[r] : self.segment_splits[r + 1]]
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, object]) -> "PackedRows":
+        """Build from per-row columns as read from Parquet or a Ray batch (lists per row)."""
+        seq_lens = [np.asarray(x, dtype=np.int32) for x in columns["seq_lens"]]
+        sample_ids = [np.asarray(x, dtype=np.int64) for x in columns["sample_ids"]]
+        splits = np.zeros(len(seq_lens) + 1, dtype=np.int64)
+        np.cumsum([len(x) for x in seq_lens], out=splits[1:])
+        ids = np.asarray(_stack(columns["input_ids"]), dtype=np.int32)
+        row_index = columns.get("row_index")
+        return cls(
+            input_ids=ids,
+            labels=np.asarray(_stack(columns["labels"]), dtype=np.int32),
+            position_ids=np.asarray(_stack(columns["position_ids"]), dtype=np.int32),
+            seq_lens=np.concatenate(seq_lens) if seq_lens else np.zeros(0, np.int32),
+            sample_ids=np.concatenate(sample_ids) if sample_ids else np.zeros(0, np.int64),
+            segment_splits=splits,
+            row_index=(
+                np.asarray(row_index, dtype=np.int64)
+                if row_index is not None
+                else np.arange(ids.shape[0], dtype=np.int64)
+            ),
+        )
+
+
+def _stack(column: object) -> np.ndarray:
+    if isinstance(column, np.ndarray) and column.dtype != object:
+        return column
+    return np.stack([np.asarray(x) for x in column]) if len(column) else np.zeros((0, 0))
+
+
+def check_rows(rows: PackedRows, seq_len: int) -> None:
+    """Raise ValueError unless ``rows`` follow the convention exactly.
+
+    Checks every invariant a consumer relies on: fixed row length, segment lengths summing to
+    L, positions restarting at every segment and only there, the first label of every segment
+    masked, trained labels equal to their tokens, padding masked, last and tagged
+    PAD_SAMPLE_ID. Used by tests and by ``packfeed pack --validate``.
+    """
+    ids, labels, positions = rows.input_ids, rows.labels, rows.position_ids
+    if ids.ndim != 2 or ids.shape[1] != seq_len:
+        raise ValueError(f"input_ids must be [B, {seq_len}], got {ids.shape}")
+    if labels.shape != ids.shape or positions.shape != ids.shape:
+        raise ValueError("input_ids, labels and position_ids must have the same shape")
+    if len(rows.seq_lens) != len(rows.sample_ids) or rows.segment_splits[-1] != len(rows.seq_lens):
+        raise ValueError("seq_lens and sample_ids must have one entry per segment")
+    for r in range(ids.shape[0]):
+        lens = rows.row_seq_lens(r).astype(np.int64)
+        sids = rows.row_sample_ids(r)
+        if len(lens) == 0 or (lens <= 0).any() or int(lens.sum()) != seq_len:
+            raise ValueError(f"row {r}: seq_lens {lens.tolist()} must be positive and sum to {seq_len}")
+        if not np.array_equal(positions[r], positions_from_seq_lens(lens)):
+            raise ValueError(f"row {r}: position_ids do not restart exactly at segment starts")
+        starts = np.cumsum(lens) - lens
+        if (labels[r, starts] != IGNORE_INDEX).any():
+            raise ValueError(f"row {r}: the first label of every segment must be {IGNORE_INDEX}")
+        trained = labels[r] != IGNORE_INDEX
+        if (labels[r][trained] != ids[r][trained]).any():
+            raise ValueError(f"row {r}: a trained label differs from its input token")
+        is_pad = np.repeat(sids == PAD_SAMPLE_ID, lens)
+        if trained[is_pad].any():
+            raise ValueError(f"row {r}: padding tokens must not be trained")
+        if (sids[:-1] == PAD_SAMPLE_ID).any():
+            raise ValueError(f"row {r}: only the last segment of a row may be padding")

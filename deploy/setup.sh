@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv/ at the repository root and installs packfeed with every extra CPU machines
+# can use (service, train, dev). Idempotent: re-running only installs what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+echo "packfeed installed in $(pwd)/.venv"

@@ -1,0 +1,1 @@
+"""packfeed.service: packing, tokenization, the Ray Data pipeline, the CLI."""

@@ -1,0 +1,15 @@
+"""Bundled demo assets: a small corpus and a small byte-level BPE tokenizer."""
+
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+def demo_tokenizer_path() -> str:
+    """Directory of the bundled 4096-token byte-level BPE tokenizer (ChatML template)."""
+    return str(_HERE / "tokenizer")
+
+
+def demo_corpus_paths() -> list[str]:
+    """The bundled corpus: chat (messages), instruct (prompt/completion), stories (text)."""
+    return [str(p) for p in sorted((_HERE / "corpus").glob("*.jsonl"))]

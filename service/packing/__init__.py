@@ -1,0 +1,1 @@
+"""Packing algorithms (pure numpy)."""

@@ -1,0 +1,1 @@
+"""packfeed.trainer: Ray Train loop and block-causal attention set-up."""
