@@ -1,0 +1,72 @@
+"""Packed rows <-> Arrow tables: the layout of the Ray stream and of the Parquet output.
+
+Every column of DESIGN.md is a list column (``input_ids``, ``labels``, ``position_ids``:
+int32 lists of length L; ``seq_lens`` int32 and ``sample_ids`` int64 lists of the row's
+segments) plus ``row_index`` int64. Converting back to numpy copies nothing for a table of
+one chunk: the flat list values are reshaped to [B, L].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from packfeed.client.rows import PackedRows
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("position_ids", pa.list_(pa.int32())),
+        ("seq_lens", pa.list_(pa.int32())),
+        ("sample_ids", pa.list_(pa.int64())),
+        ("row_index", pa.int64()),
+    ]
+)
+
+
+def rows_to_arrow(rows: PackedRows) -> pa.Table:
+    num_rows, seq_len = rows.input_ids.shape
+    token_offsets = pa.array(np.arange(num_rows + 1, dtype=np.int32) * seq_len, type=pa.int32())
+    segment_offsets = pa.array(rows.segment_splits.astype(np.int32), type=pa.int32())
+
+    def tokens(a: np.ndarray) -> pa.ListArray:
+        return pa.ListArray.from_arrays(token_offsets, pa.array(a.reshape(-1), type=pa.int32()))
+
+    return pa.Table.from_arrays(
+        [
+            tokens(rows.input_ids),
+            tokens(rows.labels),
+            tokens(rows.position_ids),
+            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.seq_lens, type=pa.int32())),
+            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.sample_ids, type=pa.int64())),
+            pa.array(rows.row_index, type=pa.int64()),
+        ],
+        schema=ROW_SCHEMA,
+    )
+
+
+def rows_from_arrow(table: pa.Table | pa.RecordBatch) -> PackedRows:
+    """Inverse of ``rows_to_arrow``; accepts any table with the row columns."""
+    num_rows = table.num_rows
+
+    def column(name: str) -> pa.Array:
+        col = table.column(name)
+        return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+    def tokens(name: str, dtype) -> np.ndarray:
+        flat = column(name).flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+        return flat.reshape(num_rows, -1) if num_rows else flat.reshape(0, 0)
+
+    seq_lens_col = column("seq_lens")
+    offsets = seq_lens_col.offsets.to_numpy().astype(np.int64)
+    splits = offsets - offsets[0]
+    return PackedRows(
+        input_ids=tokens("input_ids", np.int32),
+        labels=tokens("labels", np.int32),
+        position_ids=tokens("position_ids", np.int32),
+        seq_lens=seq_lens_col.flatten().to_numpy(zero_copy_only=False).astype(np.int32, copy=False),
+        sample_ids=column("sample_ids").flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+        segment_splits=splits,
+        row_index=column("row_index").to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+    )

@@ -1,0 +1,184 @@
+"""The Ray Data pipeline: planned windows -> packing actors -> a stream of packed rows.
+
+::
+
+    plan_windows (driver)  ->  from_items(windows, seeded order)  ->  map_batches(WindowActor)
+    list[WindowSpec]           one block per window                   read + tokenize + pack,
+                                                                       one window per call
+                                                                  ->  Arrow tables of rows
+
+The actors hold the tokenizer (loaded once per actor) and call ``process_window``; they hold
+no packing logic. Each window is packed whole inside one call, so no partial row is carried
+between calls and no tail is lost at the end of the stream (Ray Data has no end-of-stream
+hook). With ``preserve_order`` the stream order is the plan order: the same inputs, config and
+seed give byte-identical rows in the same order, whatever the number of workers.
+
+Every window's stats go to a small ``StatsSink`` actor before its rows are returned, keyed by
+window index (a retried window overwrites itself), so the driver's totals are complete when
+the stream ends.
+
+``PackedStream`` is the one entry point reused by ``packfeed pack``, the trainer and the gRPC
+server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from packfeed.client.rows import PackedRows
+from packfeed.service.arrow_rows import rows_from_arrow, rows_to_arrow
+from packfeed.service.config import DataConfig
+from packfeed.service.sources import WindowSpec, plan_windows
+from packfeed.service.stats import WindowStats
+
+logger = logging.getLogger(__name__)
+
+# Embedded Ray's shared-memory object store; Ray's default (30% of RAM) is more than a small
+# machine can spare and backpressure keeps the stream well under this.
+DEFAULT_OBJECT_STORE_BYTES = 1 << 30
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
+
+    Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
+    starts a fresh embedded Ray, never a stale cluster left by ``ray start``.
+    """
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        ray.init(address=address, logging_level=logging.WARNING)
+        return
+    ray.init(
+        address="local",
+        num_cpus=num_cpus or os.cpu_count() or 1,
+        object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+
+
+@ray.remote(num_cpus=0)
+class StatsSink:
+    """Collects one WindowStats per window index."""
+
+    def __init__(self) -> None:
+        self._by_window: dict[int, WindowStats] = {}
+
+    def record(self, window_index: int, stats: WindowStats) -> None:
+        self._by_window[window_index] = stats
+
+    def total(self) -> WindowStats:
+        total = WindowStats()
+        for index in sorted(self._by_window):
+            total.merge(self._by_window[index])
+        return total
+
+
+class WindowActor:
+    """Ray Data callable class: one window spec in, that window's packed rows out."""
+
+    def __init__(self, config: DataConfig, sink: "ray.actor.ActorHandle", threads: int) -> None:
+        # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
+        # actor was given instead of fighting the other actors for every core.
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        from packfeed.service.tokenize import SampleTokenizer
+
+        self.config = config
+        self.sink = sink
+        self.tokenizer = SampleTokenizer(
+            config.tokenizer, loss=config.loss, add_eos=config.add_eos, strict=config.strict
+        )
+
+    def __call__(self, batch: dict[str, np.ndarray]):
+        from packfeed.service.window import process_window
+
+        tables = []
+        for spec in batch["item"]:
+            rows, stats = process_window(spec, self.tokenizer, self.config)
+            # Synchronous: the totals must be in the sink before the rows can be consumed.
+            ray.get(self.sink.record.remote(spec.index, stats))
+            window = pa.array(np.full(rows.num_rows, spec.index, dtype=np.int64))
+            tables.append(rows_to_arrow(rows).append_column("window", window))
+        return pa.concat_tables(tables)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scaling:
+    """How many packing actors and how many CPUs each (fractional is fine)."""
+
+    num_workers: int | None = None  # None: one per CPU of the cluster
+    cpus_per_worker: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.cpus_per_worker <= 0:
+            raise ValueError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker}")
+
+
+class PackedStream:
+    """The packed stream of ``config``: a Ray dataset plus the plan and the run's stats.
+
+    ``dataset`` is what the trainer feeds to Ray Train; ``iter_rows()`` is what the CLI and the
+    gRPC server read, with a global ``row_index`` (the row's position in the stream).
+    """
+
+    def __init__(self, config: DataConfig, *, scaling: Scaling = Scaling()) -> None:
+        self.config = config
+        self.windows: list[WindowSpec] = plan_windows(
+            config.inputs, window_samples=config.window_samples, format=config.format
+        )
+        # Which inputs are read first is shuffled at window level by the seed.
+        order = np.random.default_rng(config.seed).permutation(len(self.windows))
+        self.windows = [self.windows[i] for i in order]
+        self.num_samples = sum(w.num_samples for w in self.windows)
+        self.samples_started = 0  # samples of the windows whose rows have started to arrive
+        self._sink = StatsSink.remote()
+
+        ctx = ray.data.DataContext.get_current()
+        ctx.execution_options.preserve_order = True
+        ctx.enable_progress_bars = False
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        num_workers = scaling.num_workers or max(1, int(cpus // scaling.cpus_per_worker))
+        num_workers = max(1, min(num_workers, len(self.windows)))
+        self.num_workers = num_workers
+        self.dataset = ray.data.from_items(
+            self.windows, override_num_blocks=max(1, len(self.windows))
+        ).map_batches(
+            WindowActor,
+            fn_constructor_args=(config, self._sink, max(1, int(scaling.cpus_per_worker))),
+            batch_size=1,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=num_workers),
+            num_cpus=scaling.cpus_per_worker,
+        )
+
+    def iter_rows(self) -> Iterator[PackedRows]:
+        """Yield the rows in stream order, one window's block at a time, global row_index set."""
+        next_index = 0
+        samples_in_window = {w.index: w.num_samples for w in self.windows}
+        seen: set[int] = set()
+        for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for window in set(table.column("window").to_pylist()) - seen:
+                seen.add(window)
+                self.samples_started += samples_in_window[window]
+            if table.num_rows == 0:
+                continue
+            rows = rows_from_arrow(table)
+            rows = dataclasses.replace(rows, row_index=np.arange(next_index, next_index + rows.num_rows))
+            next_index += rows.num_rows
+            yield rows
+
+    def stats(self) -> WindowStats:
+        """Totals over the windows packed so far (all of them once iteration has ended)."""
+        return ray.get(self._sink.total.remote())
