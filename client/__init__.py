@@ -3,6 +3,7 @@
 Light dependencies (numpy; grpcio for the stream). Imports nothing else of packfeed.
 """
 
+from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
 from packfeed.client.rows import (
     COLUMN_DTYPES,
     IGNORE_INDEX,
@@ -25,4 +26,6 @@ __all__ = [
     "cu_seqlens",
     "positions_from_seq_lens",
     "seq_lens_from_positions",
+    "num_trained_tokens",
+    "to_model_inputs",
 ]
