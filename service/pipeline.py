@@ -85,15 +85,18 @@ class StatsSink:
 
 
 class WindowActor:
-    """Ray Data callable class: one window spec in, that window's packed rows out."""
+    """Ray Data callable class: a window index in, that window's packed rows out."""
 
-    def __init__(self, config: DataConfig, sink: "ray.actor.ActorHandle", threads: int) -> None:
+    def __init__(
+        self, config: DataConfig, windows: list[WindowSpec], sink: "ray.actor.ActorHandle", threads: int
+    ) -> None:
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         from packfeed.service.tokenize import SampleTokenizer
 
         self.config = config
+        self.windows = {w.index: w for w in windows}
         self.sink = sink
         self.tokenizer = SampleTokenizer(
             config.tokenizer, loss=config.loss, add_eos=config.add_eos, strict=config.strict
@@ -103,7 +106,8 @@ class WindowActor:
         from packfeed.service.window import process_window
 
         tables = []
-        for spec in batch["item"]:
+        for index in batch["window"]:
+            spec = self.windows[int(index)]
             rows, stats = process_window(spec, self.tokenizer, self.config)
             # Synchronous: the totals must be in the sink before the rows can be consumed.
             ray.get(self.sink.record.remote(spec.index, stats))
@@ -133,7 +137,10 @@ class PackedStream:
     gRPC server read, with a global ``row_index`` (the row's position in the stream).
     """
 
-    def __init__(self, config: DataConfig, *, scaling: Scaling = Scaling()) -> None:
+    def __init__(self, config: DataConfig, *, scaling: Scaling = Scaling(), start_window: int = 0) -> None:
+        """``start_window``: skip the first windows of the (seeded) plan order, so the stream
+        starts at that window; used by the trainer to resume without re-packing what it
+        consumed. ``self.windows`` then lists only the windows streamed."""
         self.config = config
         self.windows: list[WindowSpec] = plan_windows(
             config.inputs, window_samples=config.window_samples, format=config.format
@@ -141,6 +148,10 @@ class PackedStream:
         # Which inputs are read first is shuffled at window level by the seed.
         order = np.random.default_rng(config.seed).permutation(len(self.windows))
         self.windows = [self.windows[i] for i in order]
+        if not 0 <= start_window <= len(self.windows):
+            raise ValueError(f"start_window must be in [0, {len(self.windows)}] (windows planned), got {start_window}")
+        self.start_window = start_window
+        self.windows = self.windows[start_window:]
         self.num_samples = sum(w.num_samples for w in self.windows)
         self.samples_started = 0  # samples of the windows whose rows have started to arrive
         self._sink = StatsSink.remote()
@@ -148,15 +159,18 @@ class PackedStream:
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
         ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        # A bad sample under --strict must reach the user as itself (file, row, reason).
+        ctx.raise_original_map_exception = True
         cpus = float(ray.cluster_resources().get("CPU", 1))
         num_workers = scaling.num_workers or max(1, int(cpus // scaling.cpus_per_worker))
         num_workers = max(1, min(num_workers, len(self.windows)))
         self.num_workers = num_workers
         self.dataset = ray.data.from_items(
-            self.windows, override_num_blocks=max(1, len(self.windows))
+            [{"window": w.index} for w in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
             WindowActor,
-            fn_constructor_args=(config, self._sink, max(1, int(scaling.cpus_per_worker))),
+            fn_constructor_args=(config, self.windows, self._sink, max(1, int(scaling.cpus_per_worker))),
             batch_size=1,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=num_workers),

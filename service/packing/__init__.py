@@ -1,1 +1,31 @@
-"""Packing algorithms (pure numpy)."""
+"""Packing algorithms: pure functions of sample lengths (numpy and the standard library only).
+
+    pack(lengths, seq_len, strategy="bfd", overlong="truncate") -> Packing   # where tokens go
+    assemble_rows(packing, tokens, labels, ...) -> packfeed.client.rows.PackedRows
+    check_packing(packing, lengths, seq_len, ...)   # raises unless the packing is correct
+
+Modules: api (pack), types (Packing), overlong (policies), registry (STRATEGIES), bfd and
+concat (one strategy each), assemble (rows), check (invariants), ranges (a numpy helper),
+synthetic (length distributions for tests and the benchmark).
+
+The Ray Data stage, the CLI and the benchmark call these; they hold no packing logic.
+"""
+
+from .api import pack
+from .assemble import assemble_rows
+from .check import check_packing
+from .overlong import OVERLONG_POLICIES
+from .registry import STRATEGIES, Strategy, get_strategy
+from .types import Layout, Packing
+
+__all__ = [
+    "OVERLONG_POLICIES",
+    "STRATEGIES",
+    "Layout",
+    "Packing",
+    "Strategy",
+    "assemble_rows",
+    "check_packing",
+    "get_strategy",
+    "pack",
+]

@@ -53,7 +53,8 @@ def corpus(tmp_path_factory) -> tuple[list[str], dict[int, dict], dict[int, str]
         23: (b"   ", "blank_line"),
         31: (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), "unknown_role"),
         40: (json.dumps({"text_typo": "hello"}).encode(), "missing_field"),
-        55: (json.dumps({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]}).encode(), "empty_field"),
+        55: (json.dumps({"messages": []}).encode(), "empty_field"),
+        56: (json.dumps({"messages": [{"role": "user", "content": "only a question"}]}).encode(), "no_trained_tokens"),
     }
     for i in range(120):
         if i in planted:

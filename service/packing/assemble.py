@@ -1,0 +1,172 @@
+"""Turn a ``Packing`` plus the samples' tokens into ``PackedRows`` (the row convention).
+
+Everything is a few whole-array numpy passes, no Python loop over rows or segments: one
+source index per slot (``concat_ranges``: a cumulative sum), one gather each for tokens and
+labels, then small scatters for padding and for the first label of every segment.
+
+Worked example, seq_len 4, pad_id 0, samples [5], [6, 7], [8, 9, 4] (global ids g0, g1, g2)
+packed by bfd as rows [sample 2, sample 0] and [sample 1], loss on every token::
+
+    input_ids    = [[8, 9, 4, 5], [6, 7, 0, 0]]
+    labels       = [[-100, 9, 4, -100], [-100, 7, -100, -100]]
+    position_ids = [[0, 1, 2, 0], [0, 1, 0, 1]]
+    seq_lens     = [3, 1 | 2, 2]         segment_splits = [0, 2, 4]
+    sample_ids   = [g2, g0 | g1, -1]     (row 0 is full: no padding segment)
+
+Cost: O(rows * seq_len), memory-bound: about 5 passes over the slots (index, two gathers,
+positions). Measured here: 30k SFT samples (19M tokens) into 4.7k rows of 4096 in ~0.1 s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
+
+from .ranges import concat_ranges
+from .types import Packing
+
+
+def assemble_rows(
+    packing: Packing,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    sample_offsets: np.ndarray,
+    sample_ids: np.ndarray,
+    *,
+    seq_len: int,
+    pad_id: int,
+    row_order: np.ndarray | None = None,
+    first_row_index: int = 0,
+) -> PackedRows:
+    """Write the rows of ``packing``.
+
+    Args:
+      packing: from ``pack(lengths, seq_len, ...)`` with ``lengths[i] ==
+        sample_offsets[i+1] - sample_offsets[i]``.
+      tokens: int32 [total tokens], all samples' tokens concatenated.
+      labels: int32, same shape: the token where trained, IGNORE_INDEX where not (prompts).
+      sample_offsets: int64 [n + 1]; sample i is ``tokens[sample_offsets[i]:sample_offsets[i+1]]``.
+      sample_ids: int64 [n], global provenance ids, written per segment.
+      seq_len, pad_id: row length and the token id of padding.
+      row_order: optional permutation of ``range(num_rows)``; output row i is packed row
+        ``row_order[i]``.
+      first_row_index: ``row_index`` of the first output row (rows are numbered on from it).
+
+    On top of the caller's labels, the first token of every segment (split pieces included)
+    and all padding get IGNORE_INDEX. A padding segment (sample id PAD_SAMPLE_ID) ends every
+    row that is not full.
+    """
+    tokens = np.asarray(tokens)
+    labels = np.asarray(labels)
+    sample_offsets = np.asarray(sample_offsets, dtype=np.int64)
+    sample_ids = np.asarray(sample_ids, dtype=np.int64)
+    _check_inputs(packing, tokens, labels, sample_offsets, sample_ids, seq_len)
+
+    num_rows = packing.num_rows
+    seg_sample, seg_start, seg_len, seg_counts = _segments_in_order(packing, row_order)
+    num_segments = len(seg_len)
+
+    # Token count per output row; seg_csum[j] = tokens in the segments before segment j.
+    row_splits = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(seg_counts, out=row_splits[1:])
+    seg_csum = np.zeros(num_segments + 1, dtype=np.int64)
+    np.cumsum(seg_len, out=seg_csum[1:])
+    row_fill = seg_csum[row_splits[1:]] - seg_csum[row_splits[:-1]]
+    if num_rows and int(row_fill.max()) > seq_len:
+        bad = int(np.argmax(row_fill))
+        raise ValueError(f"row {bad} holds {int(row_fill[bad])} tokens, more than seq_len={seq_len}")
+
+    # Segment columns, with a padding segment appended to every row that is not full.
+    seg_row = np.repeat(np.arange(num_rows, dtype=np.int64), seg_counts)
+    has_pad = (row_fill < seq_len).astype(np.int64)
+    out_splits = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(seg_counts + has_pad, out=out_splits[1:])
+    pads_before = np.cumsum(has_pad) - has_pad
+    real_dest = np.arange(num_segments, dtype=np.int64) + pads_before[seg_row]
+    pad_rows = np.flatnonzero(has_pad)
+    pad_dest = out_splits[pad_rows + 1] - 1
+    num_out = int(out_splits[-1])
+    out_seq_lens = np.empty(num_out, dtype=np.int32)
+    out_sample_ids = np.empty(num_out, dtype=np.int64)
+    out_seq_lens[real_dest] = seg_len
+    out_sample_ids[real_dest] = sample_ids[seg_sample]
+    out_seq_lens[pad_dest] = seq_len - row_fill[pad_rows]
+    out_sample_ids[pad_dest] = PAD_SAMPLE_ID
+
+    # Where every slot reads from: the source tokens of each segment, one segment after the
+    # other (rows are full once padding is counted, so all slots are covered in order).
+    # Padding reads from token 0 and is overwritten below.
+    src_start = np.zeros(num_out, dtype=np.int64)
+    src_start[real_dest] = sample_offsets[seg_sample] + seg_start
+    slot_start = np.cumsum(out_seq_lens, dtype=np.int64) - out_seq_lens
+    index = concat_ranges(src_start, out_seq_lens, dtype=np.intp)  # intp: np.take would convert int32
+    # Every real index is in range by construction and padding is overwritten below, so
+    # mode="wrap" is safe; it skips numpy's per-element bounds check (about 2x faster).
+    input_ids = np.take(tokens.astype(np.int32, copy=False), index, mode="wrap")
+    out_labels = np.take(labels.astype(np.int32, copy=False), index, mode="wrap")
+    del index
+    pad_slots = concat_ranges(slot_start[pad_dest], out_seq_lens[pad_dest])
+    input_ids[pad_slots] = pad_id
+    out_labels[pad_slots] = IGNORE_INDEX
+    out_labels[slot_start[real_dest]] = IGNORE_INDEX  # the first token of every segment
+    # Positions restart at every segment: seq_lens [3, 2] -> [0, 1, 2, 0, 1].
+    positions = concat_ranges(np.zeros(num_out, np.int64), out_seq_lens, dtype=np.int32)
+
+    shape = (num_rows, seq_len)
+    return PackedRows(
+        input_ids=input_ids.reshape(shape),
+        labels=out_labels.reshape(shape),
+        position_ids=positions.reshape(shape),
+        seq_lens=out_seq_lens,
+        sample_ids=out_sample_ids,
+        segment_splits=out_splits,
+        row_index=first_row_index + np.arange(num_rows, dtype=np.int64),
+    )
+
+
+def _segments_in_order(packing: Packing, row_order: np.ndarray | None):
+    """(sample, start, len) per segment in output row order, and segments per output row."""
+    counts = np.diff(packing.row_splits)
+    if row_order is None:
+        return packing.segment_sample, packing.segment_start, packing.segment_len, counts
+    row_order = np.asarray(row_order, dtype=np.int64)
+    num_rows = packing.num_rows
+    if row_order.shape != (num_rows,) or (
+        num_rows
+        and (
+            int(row_order.min()) < 0
+            or int(row_order.max()) >= num_rows
+            or not (np.bincount(row_order, minlength=num_rows) == 1).all()
+        )
+    ):
+        raise ValueError(f"row_order must be a permutation of range({num_rows})")
+    # Rows [2, 0] with splits [0, 2, 3, 5]: segments [3, 4, 0, 1].
+    out_counts = counts[row_order]
+    seg_first = np.cumsum(out_counts) - out_counts
+    idx = np.arange(int(out_counts.sum()), dtype=np.int64) + np.repeat(
+        packing.row_splits[:-1][row_order] - seg_first, out_counts
+    )
+    return packing.segment_sample[idx], packing.segment_start[idx], packing.segment_len[idx], out_counts
+
+
+def _check_inputs(packing, tokens, labels, sample_offsets, sample_ids, seq_len) -> None:
+    if tokens.ndim != 1 or labels.shape != tokens.shape:
+        raise ValueError(
+            f"tokens and labels must be 1-D and of equal length, got {tokens.shape} and {labels.shape}"
+        )
+    if sample_offsets.ndim != 1 or len(sample_offsets) < 1 or len(sample_ids) != len(sample_offsets) - 1:
+        raise ValueError("sample_offsets must be [n + 1] and sample_ids [n] for n samples")
+    if int(sample_offsets[-1]) > len(tokens):
+        raise ValueError(f"sample_offsets end at {int(sample_offsets[-1])}, beyond {len(tokens)} tokens")
+    if packing.num_segments:
+        if int(packing.segment_sample.max()) >= len(sample_ids):
+            raise ValueError("the packing refers to more samples than sample_offsets describes")
+        sample_len = np.diff(sample_offsets)[packing.segment_sample]
+        if (packing.segment_start + packing.segment_len > sample_len).any():
+            raise ValueError(
+                "a segment reaches past the end of its sample: was the packing computed from "
+                "these samples' lengths?"
+            )
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")

@@ -1,0 +1,450 @@
+"""Readers and window planning: every row of every input is returned or skipped exactly once,
+with its global sample id (0-based position over the inputs in order, bad rows counted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packfeed.service import sources
+from packfeed.service.sources import (
+    BadSampleError,
+    Conversation,
+    Piece,
+    PromptCompletion,
+    plan_windows,
+    read_window,
+)
+
+CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+RECORDS = [
+    {"messages": CHAT},
+    {"messages": [{"role": "system", "content": "be brief"}, *CHAT, {"role": "user", "content": "bye"}]},
+    {"messages": [{"role": "user", "content": "two plus two"}, {"role": "assistant", "content": "four"}]},
+]
+
+
+# ---- writers ---------------------------------------------------------------------------------
+def write_jsonl(path, rows, *, final_newline=True):
+    """rows: dicts (JSON-encoded) or raw bytes lines written as they are."""
+    lines = [r if isinstance(r, bytes) else json.dumps(r).encode() for r in rows]
+    with open(path, "wb") as f:
+        f.write(b"\n".join(lines) + (b"\n" if final_newline and lines else b""))
+    return str(path)
+
+
+def write_columnar(path, rows, kind, *, batch_rows=2):
+    table = pa.Table.from_pylist(rows)
+    if kind == "parquet":
+        pq.write_table(table, path, row_group_size=batch_rows)
+    elif kind == "arrow-file":
+        with pa.ipc.new_file(str(path), table.schema) as w:
+            for b in table.to_batches(max_chunksize=batch_rows):
+                w.write_batch(b)
+    elif kind == "arrow-stream":
+        with pa.ipc.new_stream(str(path), table.schema) as w:
+            for b in table.to_batches(max_chunksize=batch_rows):
+                w.write_batch(b)
+    elif kind == "feather":
+        feather.write_feather(table, str(path), chunksize=batch_rows)
+    return str(path)
+
+
+def write_hf(path, rows, num_shards=2):
+    from datasets import Dataset
+
+    Dataset.from_list(rows).save_to_disk(str(path), num_shards=num_shards)
+    return str(path)
+
+
+def read_all(inputs, window_samples=1000, format="auto", strict=False):
+    """(ids, records, skips) over all windows, checking each window covers its ids once."""
+    ids, records, skips = [], [], []
+    for spec in plan_windows(inputs, window_samples=window_samples, format=format):
+        raw = read_window(spec, strict=strict)
+        got = sorted([int(i) for i in raw.sample_ids] + [s.sample_id for s in raw.skips])
+        assert got == list(range(spec.first_sample_id, spec.first_sample_id + spec.num_samples))
+        assert list(raw.sample_ids) == sorted(raw.sample_ids)
+        ids += [int(i) for i in raw.sample_ids]
+        records += raw.records
+        skips += raw.skips
+    return ids, records, skips
+
+
+def as_dicts(records):
+    return [{"messages": r.messages} if isinstance(r, Conversation) else r for r in records]
+
+
+# ---- every input kind ------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow-file", "arrow-stream", "feather", "hf-save-to-disk"])
+def test_every_kind_reads_the_same_records(tmp_path, kind):
+    rows = RECORDS * 3  # 9 rows: several Parquet row groups / Arrow batches / HF shards
+    path = {
+        "jsonl": lambda: write_jsonl(tmp_path / "d.jsonl", rows),
+        "parquet": lambda: write_columnar(tmp_path / "d.parquet", rows, kind),
+        "arrow-file": lambda: write_columnar(tmp_path / "d.arrow", rows, kind),
+        "arrow-stream": lambda: write_columnar(tmp_path / "d.arrow", rows, kind),
+        "feather": lambda: write_columnar(tmp_path / "d.feather", rows, kind),
+        "hf-save-to-disk": lambda: write_hf(tmp_path / "ds", rows),
+    }[kind]()
+    for w in (1, 2, 4, 100):
+        ids, records, skips = read_all([path], window_samples=w)
+        assert ids == list(range(9)) and skips == []
+        assert as_dicts(records) == rows
+
+
+def test_hf_dataset_reads_arrow_files_in_state_json_order(tmp_path):
+    rows = [{"text": f"doc {i}"} for i in range(9)]
+    path = write_hf(tmp_path / "ds", rows, num_shards=3)  # shards of rows 0-2, 3-5, 6-8
+    state_path = os.path.join(path, "state.json")
+    state = json.load(open(state_path))
+    state["_data_files"].reverse()  # state.json, not the file names, defines the order
+    json.dump(state, open(state_path, "w"))
+    expanded = sources.expand_inputs([path])
+    assert [p for p, _ in expanded] == [os.path.join(path, d["filename"]) for d in state["_data_files"]]
+    expected = [r["text"] for r in rows[6:] + rows[3:6] + rows[:3]]
+    assert read_all([path], window_samples=2)[1] == expected
+
+
+def test_hf_dataset_dict_asks_for_one_split(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    d = Dataset.from_list([{"text": "a"}])
+    DatasetDict({"train": d, "test": d}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match=r"DatasetDict.*'train', 'test'.*one split"):
+        plan_windows([str(tmp_path / "dd")], window_samples=4)
+    assert read_all([str(tmp_path / "dd" / "test")])[1] == ["a"]
+
+
+def test_text_files_one_document_each_sorted(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, body in [("b.txt", b"second doc\n"), ("a.txt", b"first doc"), ("c.md", "\ufeffthird \u00e9".encode()),
+                       ("d.txt", b"  \n"), ("e.txt", b"bad \xff byte"), ("notes.csv", b"ignored"), (".hidden.txt", b"x")]:  # fmt: skip
+        (docs / name).write_bytes(body)
+    ids, records, skips = read_all([str(docs)], window_samples=2)
+    assert records == ["first doc", "second doc\n", "third \u00e9"]  # BOM dropped, text kept as is
+    assert ids == [0, 1, 2]
+    assert [(s.sample_id, os.path.basename(s.source), s.row, s.reason) for s in skips] == [
+        (3, "d.txt", 0, "empty_field"),
+        (4, "e.txt", 0, "invalid_utf8"),
+    ]
+    # a glob expands sorted, too; a single file is one sample
+    assert read_all([str(docs / "*.txt")])[0] == [0, 1]
+    assert read_all([str(docs / "a.txt")])[1] == ["first doc"]
+    with pytest.raises(ValueError, match="plain-text file"):
+        plan_windows([str(docs / "a.txt")], window_samples=2, format="messages")
+
+
+def test_text_pieces_group_files_and_stay_small(tmp_path):
+    for i in range(50):
+        (tmp_path / f"{i:03d}.txt").write_text(f"doc {i}")
+    windows = plan_windows([str(tmp_path)], window_samples=20)
+    assert [w.num_samples for w in windows] == [20, 20, 10]
+    assert [len(w.pieces) for w in windows] == [1, 1, 1]
+    assert windows[1].pieces[0].files[0].endswith("020.txt")
+    assert read_window(windows[2]).records == [f"doc {i}" for i in range(40, 50)]
+
+
+def test_directory_expands_sorted_and_mixes_kinds(tmp_path):
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "b0"}, {"text": "b1"}])
+    write_columnar(tmp_path / "a.parquet", [{"text": "a0"}], "parquet")
+    (tmp_path / "c.txt").write_text("c0")
+    (tmp_path / "README").write_text("not data")
+    assert read_all([str(tmp_path)])[1] == ["a0", "b0", "b1", "c0"]
+    with pytest.raises(ValueError, match="does not exist"):
+        plan_windows([str(tmp_path / "nope.jsonl")], window_samples=1)
+    with pytest.raises(ValueError, match="unknown file type"):
+        plan_windows([str(tmp_path / "README")], window_samples=1)
+
+
+# ---- global sample ids and windows -----------------------------------------------------------
+def test_global_ids_count_skipped_rows_across_files(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "a0"}, b"{oops", {"text": "a2"}])
+    b = write_columnar(tmp_path / "b.parquet", [{"text": "b0"}, {"text": None}, {"text": "b2"}], "parquet")
+    c = write_jsonl(tmp_path / "c.jsonl", [b"", {"text": "c1"}], final_newline=False)
+    ids, records, skips = read_all([a, b, c], window_samples=2)
+    assert list(zip(ids, records)) == [(0, "a0"), (2, "a2"), (3, "b0"), (5, "b2"), (7, "c1")]
+    assert [(s.sample_id, os.path.basename(s.source), s.row, s.reason) for s in skips] == [
+        (1, "a.jsonl", 1, "malformed_json"),
+        (4, "b.parquet", 1, "empty_field"),
+        (6, "c.jsonl", 0, "blank_line"),
+    ]
+
+
+def test_windows_span_files_golden(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": "a0"}, {"text": "a1"}, {"text": "a2"}])  # 3 rows
+    b = write_columnar(tmp_path / "b.parquet", [{"text": "b0"}, {"text": "b1"}], "parquet")  # 2 rows
+    windows = plan_windows([a, b], window_samples=2)
+    line = len(json.dumps({"text": "a0"})) + 1  # bytes per line
+    assert [(w.index, w.first_sample_id, w.num_samples) for w in windows] == [(0, 0, 2), (1, 2, 2), (2, 4, 1)]
+    assert windows[1].pieces == (
+        Piece(a, "jsonl", "text", start_row=2, num_rows=1, first_sample_id=2, byte_offset=2 * line),
+        Piece(b, "parquet", "text", start_row=0, num_rows=1, first_sample_id=3),
+    )
+    assert windows[2].pieces == (Piece(b, "parquet", "text", 1, 1, 4),)
+    assert [read_window(w).records for w in windows] == [["a0", "a1"], ["a2", "b0"], ["b1"]]
+
+
+def test_window_spec_is_small_and_picklable(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": str(i)} for i in range(1000)])
+    spec = plan_windows([a], window_samples=300)[1]
+    assert pickle.loads(pickle.dumps(spec)) == spec
+    assert len(pickle.dumps(spec)) < 500
+    with pytest.raises(Exception):
+        spec.index = 3  # frozen
+
+
+@pytest.mark.parametrize(
+    "content, expected_rows",
+    [
+        pytest.param(b"", 0, id="empty-file"),
+        pytest.param(b"{}\n", 1, id="final-newline-adds-no-row"),
+        pytest.param(b"{}", 1, id="last-line-without-newline"),
+        pytest.param(b"{}\n{}", 2, id="two-lines-no-final-newline"),
+        pytest.param(b"\n", 1, id="one-blank-line"),
+        pytest.param(b"{}\n\n  \n{}\n", 4, id="blank-lines-are-rows"),
+        pytest.param(b"{}\r\n{}\r\n", 2, id="crlf"),
+    ],
+)
+def test_jsonl_row_counting(tmp_path, content, expected_rows):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(content)
+    assert sources._scan_jsonl(str(path), 0, 1)[0] == expected_rows
+    ids, _, skips = read_all([str(path)], window_samples=1, format="text")
+    assert len(ids) + len(skips) == expected_rows
+
+
+def test_jsonl_byte_offsets_with_tiny_scan_chunks(tmp_path, monkeypatch):
+    rows = [{"text": "x" * (i % 7 + 1)} for i in range(200)]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    monkeypatch.setattr(sources, "_SCAN_CHUNK", 5)  # boundaries fall in many chunks
+    for w in (1, 3, 64, 199, 200, 201):
+        assert read_all([path], window_samples=w)[1] == [r["text"] for r in rows]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 9), min_size=1, max_size=4), window=st.integers(1, 12))
+def test_windows_cover_every_id_exactly_once(tmp_path_factory, sizes, window):
+    d = tmp_path_factory.mktemp("sweep")
+    inputs, expected, next_id = [], [], 0
+    for k, n in enumerate(sizes):
+        rows = [{"text": f"{k}-{i}"} for i in range(n)]
+        kind = ("jsonl", "parquet", "arrow-stream")[k % 3]
+        if kind == "jsonl":
+            path = write_jsonl(d / f"{k}.jsonl", rows)
+        else:
+            path = write_columnar(d / f"{k}.{kind.split('-')[0]}", rows, kind, batch_rows=3)
+        inputs.append(path)
+        expected += [r["text"] for r in rows]
+        next_id += n
+    windows = plan_windows(inputs, window_samples=window)
+    assert [w.first_sample_id for w in windows] == list(range(0, next_id, window))
+    assert all(w.num_samples == min(window, next_id - w.first_sample_id) for w in windows)
+    ids, records, skips = read_all(inputs, window_samples=window, format="text")
+    assert ids == list(range(next_id)) and records == expected and not skips
+
+
+# ---- skip reasons ----------------------------------------------------------------------------
+GOOD = {
+    "text": {"text": "fine"},
+    "prompt_completion": {"prompt": "p", "completion": "c"},
+    "messages": {"messages": CHAT},
+}
+BAD_ROWS = [
+    pytest.param("text", b"", "blank_line", id="blank"),
+    pytest.param("text", b"  \t ", "blank_line", id="whitespace-line"),
+    pytest.param("text", b'{"text": "caf\xe9"}', "invalid_utf8", id="invalid-utf8"),
+    pytest.param("text", b'{"text": "unterminated', "malformed_json", id="malformed"),
+    pytest.param("text", b"[1, 2]", "not_an_object", id="array"),
+    pytest.param("text", b'"just a string"', "not_an_object", id="string"),
+    pytest.param("text", {"body": "x"}, "missing_field", id="text-missing"),
+    pytest.param("text", {"text": None}, "empty_field", id="text-null"),
+    pytest.param("text", {"text": " \n"}, "empty_field", id="text-blank"),
+    pytest.param("text", {"text": 3}, "wrong_type", id="text-int"),
+    pytest.param("prompt_completion", {"prompt": "p"}, "missing_field", id="completion-missing"),
+    pytest.param("prompt_completion", {"prompt": "p", "completion": ""}, "empty_field", id="completion-empty"),
+    pytest.param("prompt_completion", {"prompt": None, "completion": "c"}, "empty_field", id="prompt-null"),
+    pytest.param("prompt_completion", {"prompt": "p", "completion": CHAT}, "wrong_type", id="mixed-pc"),
+    pytest.param("prompt_completion", {"prompt": [], "completion": CHAT}, "empty_field", id="empty-prompt-list"),
+    pytest.param("messages", {"text": "x"}, "missing_field", id="messages-missing"),
+    pytest.param("messages", {"messages": []}, "empty_field", id="messages-empty"),
+    pytest.param("messages", {"messages": "hi"}, "wrong_type", id="messages-str"),
+    pytest.param("messages", {"messages": ["hi"]}, "wrong_type", id="message-not-object"),
+    pytest.param("messages", {"messages": [{"content": "x"}]}, "missing_field", id="role-missing"),
+    pytest.param("messages", {"messages": [{"role": "user"}]}, "missing_field", id="content-missing"),
+    pytest.param("messages", {"messages": [{"role": "user", "content": 5}]}, "wrong_type", id="content-int"),
+    pytest.param("messages", {"messages": [{"role": "robot", "content": "x"}]}, "unknown_role", id="unknown-role"),
+    pytest.param("messages", {"messages": [{"role": "user", "content": [{"type": "image", "url": "u"}]}]},
+                 "unsupported_content", id="image-part"),  # fmt: skip
+    pytest.param("messages", {"messages": CHAT, "tools": "{not json"}, "wrong_type", id="tools-bad-json"),
+]
+
+
+@pytest.mark.parametrize("fmt, bad, reason", BAD_ROWS)
+def test_each_skip_reason_is_reported_once(tmp_path, fmt, bad, reason):
+    path = write_jsonl(tmp_path / "x.jsonl", [GOOD[fmt], bad, GOOD[fmt]])
+    ids, records, skips = read_all([path], window_samples=2)  # format auto-detected from row 0
+    assert ids == [0, 2] and len(records) == 2
+    assert [(s.sample_id, s.source, s.row, s.reason) for s in skips] == [(1, path, 1, reason)]
+    assert reason in sources.SKIP_REASONS and skips[0].detail
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow-stream"])
+def test_columnar_rows_are_validated_too(tmp_path, kind):
+    rows = [
+        {"messages": CHAT},
+        {"messages": None},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "ok"}]},
+    ]
+    path = write_columnar(tmp_path / f"x.{kind.split('-')[0]}", rows, kind)
+    ids, records, skips = read_all([path])
+    assert ids == [0, 3] and [s.reason for s in skips] == ["empty_field", "unknown_role"]
+    assert records[1].messages[0] == {"role": "user", "content": ""}  # empty content is allowed
+
+
+def test_missing_column_skips_every_row(tmp_path):
+    path = write_columnar(tmp_path / "x.parquet", [{"body": "a"}, {"body": "b"}], "parquet")
+    ids, _, skips = read_all([path], format="text")
+    assert ids == [] and [(s.sample_id, s.reason) for s in skips] == [(0, "missing_field"), (1, "missing_field")]
+
+
+def test_message_normalisation(tmp_path):
+    row = {
+        "messages": [
+            {"role": "user", "name": None,
+             "content": [{"type": "text", "text": "what "}, {"type": "text", "text": "color"}]},  # fmt: skip
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            {"role": "tool", "content": "blue"},
+            {"role": "assistant", "content": "blue"},
+        ],
+        "tools": json.dumps([{"type": "function", "function": {"name": "f"}}]),
+    }
+    path = write_jsonl(tmp_path / "x.jsonl", [row, {"prompt": [CHAT[0]], "completion": [CHAT[1]]}])
+    _, records, skips = read_all([path])  # format detected from row 0: messages
+    conv = records[0]
+    assert conv.messages[0] == {"role": "user", "content": "what color"}  # parts joined, null keys dropped
+    assert conv.messages[1] == {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
+    assert conv.tools == [{"type": "function", "function": {"name": "f"}}]  # JSON string decoded
+    assert [(s.sample_id, s.reason) for s in skips] == [(1, "missing_field")]  # row 1 is not a messages row
+    _, records, skips = read_all([path], format="prompt_completion")
+    assert records == [PromptCompletion([CHAT[0]], [CHAT[1]], None)] and skips[0].reason == "missing_field"
+
+
+# ---- strict mode -----------------------------------------------------------------------------
+def test_strict_names_file_row_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"text": "ok"}, {"text": "ok"}, b"{broken"])
+    with pytest.raises(BadSampleError) as e:
+        read_all([path], window_samples=2, strict=True)
+    msg = str(e.value)
+    assert path in msg and "row 2 (line 3)" in msg and "malformed_json" in msg
+    assert isinstance(e.value, ValueError) and e.value.skip.sample_id == 2
+
+    pq_path = write_columnar(tmp_path / "bad.parquet", [{"text": "ok"}, {"text": None}], "parquet")
+    with pytest.raises(BadSampleError, match=r"bad\.parquet: row 1, sample 1: empty_field") as e:
+        read_all([pq_path], strict=True)
+    assert "line" not in str(e.value)
+
+
+# ---- formats ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "first_rows, expected",
+    [
+        pytest.param([{"messages": CHAT, "text": "x"}], "messages", id="messages-wins"),
+        pytest.param([{"prompt": "p", "completion": "c", "text": "t"}], "prompt_completion", id="prompt-completion"),
+        pytest.param([{"text": "t", "meta": 1}], "text", id="text"),
+        pytest.param([b"", b"{oops", b"[1]", {"text": "t"}], "text", id="first-parseable-object"),
+    ],
+)
+def test_format_auto_detection(tmp_path, first_rows, expected):
+    path = write_jsonl(tmp_path / "x.jsonl", first_rows)
+    assert {p.format for w in plan_windows([path], window_samples=2) for p in w.pieces} == {expected}
+
+
+def test_undetectable_format_names_file_and_keys(tmp_path):
+    path = write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(ValueError, match=r"odd\.jsonl.*\['answer', 'question'\]"):
+        plan_windows([path], window_samples=2)
+    pq_path = write_columnar(tmp_path / "odd.parquet", [{"prompt": "q"}], "parquet")
+    with pytest.raises(ValueError, match=r"odd\.parquet.*\['prompt'\]"):
+        plan_windows([pq_path], window_samples=2)
+    garbage = write_jsonl(tmp_path / "garbage.jsonl", [b"{", b"nope"])
+    with pytest.raises(ValueError, match=r"garbage\.jsonl.*no JSON object"):
+        plan_windows([garbage], window_samples=2)
+    assert plan_windows([path], window_samples=2, format="text")  # an explicit format needs no detection
+
+
+def test_explicit_format_and_per_input_detection(tmp_path):
+    both = write_jsonl(tmp_path / "both.jsonl", [{"text": "as text", "messages": CHAT}])
+    chat = write_columnar(tmp_path / "chat.parquet", [{"messages": CHAT}], "parquet")
+    _, records, _ = read_all([both, chat], format="text")
+    assert records[0] == "as text"
+    _, records, _ = read_all([both, chat])
+    assert [type(r) for r in records] == [Conversation, Conversation]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="window_samples"):
+        plan_windows(["x.jsonl"], window_samples=0)
+    with pytest.raises(ValueError, match="format must be one of"):
+        plan_windows(["x.jsonl"], window_samples=1, format="chat")
+
+
+# ---- property: random mixes of good and bad rows ---------------------------------------------
+ROW_KINDS = {
+    "good": (lambda i: json.dumps({"text": f"t{i}"}).encode(), None),
+    "blank": (lambda i: b"   ", "blank_line"),
+    "utf8": (lambda i: b'{"text": "\xc3("}', "invalid_utf8"),
+    "json": (lambda i: b'{"text": ', "malformed_json"),
+    "array": (lambda i: b"[]", "not_an_object"),
+    "missing": (lambda i: b'{"txt": "x"}', "missing_field"),
+    "empty": (lambda i: b'{"text": ""}', "empty_field"),
+    "type": (lambda i: b'{"text": ["x"]}', "wrong_type"),
+}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.lists(st.lists(st.sampled_from(sorted(ROW_KINDS)), max_size=12), min_size=1, max_size=3),
+    window=st.integers(1, 10),
+    final_newline=st.booleans(),
+)
+def test_random_rows_returned_or_skipped_exactly_once(tmp_path_factory, files, window, final_newline):
+    d = tmp_path_factory.mktemp("prop")
+    inputs, expected_good, expected_skips, gid = [], [], [], 0
+    for k, kinds in enumerate(files):
+        lines = []
+        for kind in kinds:
+            make, reason = ROW_KINDS[kind]
+            lines.append(make(gid))
+            if reason is None:
+                expected_good.append((gid, f"t{gid}"))
+            else:
+                expected_skips.append((gid, reason))
+            gid += 1
+        inputs.append(write_jsonl(d / f"{k}.jsonl", lines, final_newline=final_newline))
+    ids, records, skips = read_all(inputs, window_samples=window, format="text")
+    assert list(zip(ids, records)) == expected_good
+    assert sorted((s.sample_id, s.reason) for s in skips) == expected_skips
+    assert Counter(ids + [s.sample_id for s in skips]) == Counter(range(gid))
+
+
+def test_bad_sample_error_survives_pickling_across_processes():
+    """Raised inside a Ray actor, it must reach the driver intact (strict mode's message)."""
+    import pickle
+
+    from packfeed.service.sources import BadSampleError, Skip
+
+    error = BadSampleError(Skip(7, "a.jsonl", 7, "malformed_json", "bad"), line_numbers=True)
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, BadSampleError) and str(again) == str(error) and again.skip == error.skip
