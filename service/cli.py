@@ -24,6 +24,7 @@ from packfeed.service.config import FORMATS, LOSS_MODES, OVERLONG_POLICIES, STRA
 # name -> (module, help). A module provides add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
     "pack": ("packfeed.service.cli", "tokenize and pack inputs into Parquet rows"),
+    "train": ("packfeed.trainer.cli", "pack and train a causal LM on the packed rows (Ray Train, DDP)"),
 }
 
 
@@ -43,7 +44,7 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                    help="append EOS to every sample (default on)")
     g.add_argument("--seed", type=int, help="shuffles window order and row order within windows")
     g.add_argument("--strict", action="store_true", default=None, help="the first bad row is an error")
-    g.add_argument("--window-samples", type=int, help="samples packed together (default 32768)")
+    g.add_argument("--window-samples", type=int, help="samples packed together (default 8192)")
     r = parser.add_argument_group("ray")
     r.add_argument("--address", help="Ray cluster to join (default: $RAY_ADDRESS, else an embedded local Ray)")
     r.add_argument("--num-workers", type=int, help="packing actors (default: one per CPU)")
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
           f"on {stream.num_workers} workers -> {args.output}", file=sys.stderr)
     rows_written = tokens = 0
     first_row_seconds = None
+    timeline: list[tuple[float, int]] = []  # (seconds, tokens so far) after each block
     with tqdm(total=stream.num_samples, unit="samples", disable=None, file=sys.stderr) as bar:
         for rows in stream.iter_rows():
             if args.validate:
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 first_row_seconds = time.perf_counter() - start
             rows_written += rows.num_rows
             tokens += int(rows.seq_lens[rows.sample_ids >= 0].sum())
+            timeline.append((time.perf_counter() - start, tokens))
             bar.update(stream.samples_started - bar.n)
             bar.set_postfix(rows=rows_written, fill=f"{tokens / max(1, rows_written * config.seq_len):.1%}")
         bar.update(stream.num_samples - bar.n)
@@ -124,12 +127,25 @@ def run(args: argparse.Namespace) -> int:
     total.check_accounting()
     stats = total.to_dict(seq_len=config.seq_len, seconds=time.perf_counter() - start)
     stats["first_row_seconds"] = round(first_row_seconds or 0.0, 3)
+    stats["steady_tokens_per_second"] = _steady_rate(timeline, stream.num_workers)
     stats["ray_init_seconds"] = round(ray_init_seconds, 3)
     stats["num_workers"] = stream.num_workers
     writer.close(config={"data": config.to_dict(), "config_hash": config.config_hash()}, stats=stats)
     print(format_summary(stats))
     print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) and stats.json to {args.output}")
     return 0
+
+
+def _steady_rate(timeline: list[tuple[float, int]], num_workers: int) -> float:
+    """Tokens/s once every worker has delivered its first block (start-up excluded).
+
+    The workers start together, so their first blocks arrive together; the rate is measured
+    from the num_workers-th block to the last. 0.0 when the run is too short to tell.
+    """
+    if len(timeline) <= 2 * num_workers:
+        return 0.0
+    (t0, n0), (t1, n1) = timeline[num_workers - 1], timeline[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 def _root_cause(exc: BaseException) -> BaseException:
