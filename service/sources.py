@@ -26,26 +26,12 @@ A directory saved by ``datasets.Dataset.save_to_disk`` (it holds ``state.json``)
 its arrow files in the order ``state.json`` lists them, with pyarrow only. A ``DatasetDict``
 directory (``dataset_dict.json``) is refused with the list of its splits: point at one split.
 
-Sample formats (TRL's): ``text`` ({"text": str}); ``prompt_completion`` ({"prompt",
-"completion"}: both strings, or both lists of messages); ``messages`` ({"messages": [...]},
-each message {"role": system|user|assistant|tool, "content": str | [{"type": "text",
-"text": str}, ...]}). An optional ``tools`` field (list, or JSON string) is kept for the chat
-template. Per input the format is given, or detected from the keys of its first parseable
-record: "messages" -> messages; "prompt"+"completion" -> prompt_completion; "text" -> text.
-
-Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``text`` and
-``completion`` strings must hold a non-whitespace character; a ``prompt`` string may be empty;
-``messages`` and conversational ``prompt``/``completion`` must be non-empty lists; a message's
-content may be "" (empty system prompts are common); keys whose value is null are dropped from
-messages, as ``apply_chat_template`` does; a message without content is accepted only when it
-has ``tool_calls``. Records are returned as: text -> ``str``; prompt_completion ->
-``PromptCompletion``; messages -> ``Conversation``.
+Sample formats, validation rules and skip reasons: see ``records.py``.
 
 Costs: planning scans JSONL bytes in 8 MiB chunks (``bytes.count``, ~GB/s) and reads only
 Parquet/Arrow metadata; reading a window seeks straight to its first JSONL line or Parquet row
 group and converts only the columns its format needs.
 """
-
 from __future__ import annotations
 
 import glob
@@ -53,41 +39,24 @@ import json
 import os
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from .config import FORMATS
-
-# ---- skip reasons: the one place they are defined ------------------------------------------
-BLANK_LINE = "blank_line"  # a JSONL line holding only whitespace
-INVALID_UTF8 = "invalid_utf8"  # bytes that do not decode as UTF-8
-MALFORMED_JSON = "malformed_json"  # a JSONL line that json.loads rejects
-NOT_AN_OBJECT = "not_an_object"  # valid JSON, but not an object ({...})
-MISSING_FIELD = "missing_field"  # a field the format requires is absent
-EMPTY_FIELD = "empty_field"  # a required field is null, "", whitespace only, or []
-WRONG_TYPE = "wrong_type"  # a field of the wrong type (e.g. text: 3, messages: "hi")
-UNKNOWN_ROLE = "unknown_role"  # a message role outside MESSAGE_ROLES
-UNSUPPORTED_CONTENT = "unsupported_content"  # a content part that is not text (image, audio)
-TEMPLATE_ERROR = "template_error"  # the chat template raised on this conversation
-TOKENIZER_ERROR = "tokenizer_error"  # the tokenizer raised on this text (e.g. lone surrogate)
-NO_TRAINED_TOKENS = "no_trained_tokens"  # nothing left to train (e.g. no assistant turn)
-SKIP_REASONS = (
+from .records import (
     BLANK_LINE,
+    EMPTY_FIELD,
     INVALID_UTF8,
     MALFORMED_JSON,
+    MISSING,
     NOT_AN_OBJECT,
-    MISSING_FIELD,
-    EMPTY_FIELD,
-    WRONG_TYPE,
-    UNKNOWN_ROLE,
-    UNSUPPORTED_CONTENT,
-    TEMPLATE_ERROR,
-    TOKENIZER_ERROR,
-    NO_TRAINED_TOKENS,
+    RECORD_PARSERS,
+    BadSampleError,
+    InvalidRecord,
+    Skip,
 )
 
-MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 KIND_EXTENSIONS = {
     "jsonl": (".jsonl", ".ndjson", ".json"),
     "parquet": (".parquet", ".pq"),
@@ -103,55 +72,9 @@ _FORMAT_COLUMNS = {
 _DETECT_MAX_LINES = 10_000
 _SCAN_CHUNK = 8 << 20
 _PARQUET_BATCH = 8192
-_MISSING = object()
 
 
 # ---- data types ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Skip:
-    """A sample that is not trained on, and why. ``row`` is 0-based within ``source``."""
-
-    sample_id: int
-    source: str
-    row: int
-    reason: str
-    detail: str
-
-
-class BadSampleError(ValueError):
-    """Raised in strict mode for the first bad sample; ``.skip`` holds the details."""
-
-    def __init__(self, skip: Skip, *, line_numbers: bool = False) -> None:
-        self.skip = skip
-        self.line_numbers = line_numbers
-        where = f"row {skip.row}" + (f" (line {skip.row + 1})" if line_numbers else "")
-        super().__init__(
-            f"{skip.source}: {where}, sample {skip.sample_id}: {skip.reason}: {skip.detail} "
-            "(run without strict to skip and count such samples)"
-        )
-
-    def __reduce__(self):
-        # Raised inside Ray actors: it must unpickle on the driver from its own arguments.
-        return (_rebuild_bad_sample_error, (self.skip, self.line_numbers))
-
-
-def _rebuild_bad_sample_error(skip: Skip, line_numbers: bool) -> "BadSampleError":
-    return BadSampleError(skip, line_numbers=line_numbers)
-
-
-class PromptCompletion(NamedTuple):
-    """Both strings (standard) or both lists of message dicts (conversational)."""
-
-    prompt: str | list[dict[str, Any]]
-    completion: str | list[dict[str, Any]]
-    tools: list[Any] | None = None
-
-
-class Conversation(NamedTuple):
-    messages: list[dict[str, Any]]
-    tools: list[Any] | None = None
-
-
 @dataclass(frozen=True)
 class Piece:
     """A run of consecutive rows of one source that falls inside one window.
@@ -216,11 +139,6 @@ class RawWindow:
     def bad_sample_error(self, skip: Skip) -> BadSampleError:
         """The strict-mode error for a skip found after reading (e.g. by the tokenizer)."""
         return BadSampleError(skip, line_numbers=self.spec.piece_of(skip.sample_id).kind == "jsonl")
-
-
-class _Bad(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        self.reason, self.detail = reason, detail
 
 
 # ---- input expansion -------------------------------------------------------------------------
@@ -505,7 +423,7 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
     records: list[Any] = []
     skips: list[Skip] = []
     for piece in spec.pieces:
-        parse = _PARSERS[piece.format]
+        parse = RECORD_PARSERS[piece.format]
         if piece.kind == "jsonl":
             rows = _jsonl_rows(piece, parse)
         elif piece.kind == "text":
@@ -533,7 +451,7 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
     return RawWindow(spec, np.asarray(ids, dtype=np.int64), records, skips)
 
 
-Row = tuple[int, Any, "_Bad | None"]
+Row = tuple[int, Any, "InvalidRecord | None"]
 
 
 def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:
@@ -542,26 +460,26 @@ def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> I
         for k, line in enumerate(islice(f, piece.num_rows)):
             try:
                 yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
-            except _Bad as bad:
+            except InvalidRecord as bad:
                 yield k, None, bad
 
 
 def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
     if not line.strip():
-        raise _Bad(BLANK_LINE, "blank line")
+        raise InvalidRecord(BLANK_LINE, "blank line")
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _Bad(INVALID_UTF8, f"byte {e.start} of the line is not UTF-8") from None
+        raise InvalidRecord(INVALID_UTF8, f"byte {e.start} of the line is not UTF-8") from None
     if bom and text.startswith("\ufeff"):
         text = text[1:]  # UTF-8 byte order mark at the start of the file
     try:
         obj = json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise _Bad(MALFORMED_JSON, str(e)[:200]) from None
+        raise InvalidRecord(MALFORMED_JSON, str(e)[:200]) from None
     if not isinstance(obj, dict):
-        raise _Bad(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
-    return parse(lambda key: obj.get(key, _MISSING))
+        raise InvalidRecord(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
+    return parse(lambda key: obj.get(key, MISSING))
 
 
 def _text_rows(piece: Piece) -> Iterator[Row]:
@@ -570,7 +488,7 @@ def _text_rows(piece: Piece) -> Iterator[Row]:
             data = f.read()
         try:
             yield k, _parse_text_file(data), None
-        except _Bad as bad:
+        except InvalidRecord as bad:
             yield k, None, bad
 
 
@@ -578,11 +496,11 @@ def _parse_text_file(data: bytes) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _Bad(INVALID_UTF8, f"byte {e.start} of the file is not UTF-8") from None
+        raise InvalidRecord(INVALID_UTF8, f"byte {e.start} of the file is not UTF-8") from None
     if text.startswith("\ufeff"):
         text = text[1:]
     if not text or text.isspace():
-        raise _Bad(EMPTY_FIELD, "the file holds no text")
+        raise InvalidRecord(EMPTY_FIELD, "the file holds no text")
     return text
 
 
@@ -592,121 +510,9 @@ def _columnar_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -
         values = {name: part.column(name).to_pylist() for name in part.schema.names}
         for i in range(part.num_rows):
             try:
-                record = parse(lambda key: values[key][i] if key in values else _MISSING)
-            except _Bad as bad:
+                record = parse(lambda key: values[key][i] if key in values else MISSING)
+            except InvalidRecord as bad:
                 yield k, None, bad
             else:
                 yield k, record, None
             k += 1
-
-
-# ---- record validation -----------------------------------------------------------------------
-# A parser takes get(key) -> value (or _MISSING) and returns the record, or raises _Bad.
-def _parse_text(get: Callable[[str], Any]) -> str:
-    return _nonblank_str(get("text"), "text")
-
-
-def _parse_prompt_completion(get: Callable[[str], Any]) -> PromptCompletion:
-    prompt, completion = get("prompt"), get("completion")
-    for name, value in (("prompt", prompt), ("completion", completion)):
-        if value is _MISSING:
-            raise _Bad(MISSING_FIELD, f"no {name!r} field")
-        if value is None:
-            raise _Bad(EMPTY_FIELD, f"{name!r} is null")
-    tools = _parse_tools(get("tools"))
-    if isinstance(prompt, str) and isinstance(completion, str):
-        return PromptCompletion(prompt, _nonblank_str(completion, "completion"), tools)
-    if isinstance(prompt, list) and isinstance(completion, list):
-        return PromptCompletion(_parse_messages(prompt, "prompt"), _parse_messages(completion, "completion"), tools)
-    raise _Bad(
-        WRONG_TYPE,
-        f"'prompt' ({type(prompt).__name__}) and 'completion' ({type(completion).__name__}) must both be "
-        "strings or both be lists of messages",
-    )
-
-
-def _parse_conversation(get: Callable[[str], Any]) -> Conversation:
-    messages = get("messages")
-    if messages is _MISSING:
-        raise _Bad(MISSING_FIELD, "no 'messages' field")
-    if messages is None:
-        raise _Bad(EMPTY_FIELD, "'messages' is null")
-    if not isinstance(messages, list):
-        raise _Bad(WRONG_TYPE, f"'messages' is a {type(messages).__name__}, expected a list of messages")
-    return Conversation(_parse_messages(messages, "messages"), _parse_tools(get("tools")))
-
-
-_PARSERS: dict[str, Callable[[Callable[[str], Any]], Any]] = {
-    "text": _parse_text,
-    "prompt_completion": _parse_prompt_completion,
-    "messages": _parse_conversation,
-}
-
-
-def _nonblank_str(value: Any, name: str) -> str:
-    if value is _MISSING:
-        raise _Bad(MISSING_FIELD, f"no {name!r} field")
-    if value is None:
-        raise _Bad(EMPTY_FIELD, f"{name!r} is null")
-    if not isinstance(value, str):
-        raise _Bad(WRONG_TYPE, f"{name!r} is a {type(value).__name__}, expected a string")
-    if not value or value.isspace():
-        raise _Bad(EMPTY_FIELD, f"{name!r} is empty")
-    return value
-
-
-def _parse_messages(messages: list[Any], name: str) -> list[dict[str, Any]]:
-    """Validate messages; return fresh dicts without null keys and with text content joined."""
-    if not messages:
-        raise _Bad(EMPTY_FIELD, f"{name!r} is an empty list")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"{name}[{i}]"
-        if not isinstance(message, dict):
-            raise _Bad(WRONG_TYPE, f"{where} is a {type(message).__name__}, expected an object")
-        m = {k: v for k, v in message.items() if v is not None}
-        role = m.get("role", _MISSING)
-        if role is _MISSING:
-            raise _Bad(MISSING_FIELD, f"{where} has no 'role'")
-        if not isinstance(role, str):
-            raise _Bad(WRONG_TYPE, f"{where}.role is a {type(role).__name__}, expected a string")
-        if role not in MESSAGE_ROLES:
-            raise _Bad(UNKNOWN_ROLE, f"{where}.role is {role[:40]!r}; allowed: {', '.join(MESSAGE_ROLES)}")
-        content = m.get("content", _MISSING)
-        if content is _MISSING:
-            if "tool_calls" not in m:
-                raise _Bad(MISSING_FIELD, f"{where} has no 'content' (nor 'tool_calls')")
-        elif isinstance(content, list):
-            m["content"] = _join_text_parts(content, where)
-        elif not isinstance(content, str):
-            raise _Bad(WRONG_TYPE, f"{where}.content is a {type(content).__name__}, expected a string or parts")
-        out.append(m)
-    return out
-
-
-def _join_text_parts(parts: list[Any], where: str) -> str:
-    texts = []
-    for j, part in enumerate(parts):
-        if not isinstance(part, dict):
-            raise _Bad(WRONG_TYPE, f"{where}.content[{j}] is a {type(part).__name__}, expected an object")
-        kind = part.get("type")
-        if kind != "text":
-            raise _Bad(UNSUPPORTED_CONTENT, f"{where}.content[{j}] has type {kind!r}; only text parts are supported")
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise _Bad(WRONG_TYPE, f"{where}.content[{j}].text is a {type(text).__name__}, expected a string")
-        texts.append(text)
-    return "".join(texts)
-
-
-def _parse_tools(tools: Any) -> list[Any] | None:
-    if tools is _MISSING or tools is None:
-        return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except ValueError:
-            raise _Bad(WRONG_TYPE, "'tools' is a string that is not JSON") from None
-    if not isinstance(tools, list):
-        raise _Bad(WRONG_TYPE, f"'tools' is a {type(tools).__name__}, expected a list of tool schemas")
-    return tools or None

@@ -1,7 +1,7 @@
 """Tokenization: RawWindow -> TokenizedSamples (flat token ids, labels, sample offsets).
 
 One ``SampleTokenizer`` per actor loads the tokenizer once; ``tokenize`` turns a window of
-validated records (see sources.py) into flat arrays, CSR style: sample i is
+validated records (see records.py) into flat arrays, CSR style: sample i is
 ``tokens[offsets[i]:offsets[i+1]]``, its id ``sample_ids[i]``. Labels hold the token where the
 loss trains it and IGNORE_INDEX elsewhere; the first token of each sample is NOT masked here
 (the packer does that, see client/rows.py).
@@ -52,15 +52,8 @@ import numpy as np
 from packfeed.client.rows import IGNORE_INDEX
 
 from .config import LOSS_MODES
-from .sources import (
-    NO_TRAINED_TOKENS,
-    TEMPLATE_ERROR,
-    TOKENIZER_ERROR,
-    Conversation,
-    PromptCompletion,
-    RawWindow,
-    Skip,
-)
+from .records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, PromptCompletion, Skip
+from .sources import RawWindow
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 

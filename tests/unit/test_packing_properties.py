@@ -4,7 +4,6 @@ is valid (check_packing), and bfd is exactly best-fit decreasing. Deterministic
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -16,14 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfeed.service import sources
-from packfeed.service.sources import (
-    BadSampleError,
-    Conversation,
-    Piece,
-    PromptCompletion,
-    plan_windows,
-    read_window,
-)
+from packfeed.service.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
+from packfeed.service.sources import Piece, plan_windows, read_window
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 RECORDS = [
@@ -296,7 +290,7 @@ def test_each_skip_reason_is_reported_once(tmp_path, fmt, bad, reason):
     ids, records, skips = read_all([path], window_samples=2)  # format auto-detected from row 0
     assert ids == [0, 2] and len(records) == 2
     assert [(s.sample_id, s.source, s.row, s.reason) for s in skips] == [(1, path, 1, reason)]
-    assert reason in sources.SKIP_REASONS and skips[0].detail
+    assert reason in SKIP_REASONS and skips[0].detail
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow-stream"])
@@ -443,7 +437,7 @@ def test_bad_sample_error_survives_pickling_across_processes():
     """Raised inside a Ray actor, it must reach the driver intact (strict mode's message)."""
     import pickle
 
-    from packfeed.service.sources import BadSampleError, Skip
+    from packfeed.service.records import BadSampleError, Skip
 
     error = BadSampleError(Skip(7, "a.jsonl", 7, "malformed_json", "bad"), line_numbers=True)
     again = pickle.loads(pickle.dumps(error))

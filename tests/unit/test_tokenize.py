@@ -14,16 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfeed.client.rows import IGNORE_INDEX
-from packfeed.service.sources import (
-    BadSampleError,
-    Conversation,
-    Piece,
-    PromptCompletion,
-    RawWindow,
-    WindowSpec,
-    plan_windows,
-    read_window,
-)
+from packfeed.service.records import BadSampleError, Conversation, PromptCompletion
+from packfeed.service.sources import Piece, RawWindow, WindowSpec, plan_windows, read_window
 from packfeed.service.tokenize import ChatTemplateError, SampleTokenizer, TokenizedSamples
 
 from tokenizer_fixtures import CHATML, WORDS, qwen_tokenizer_dir, sample, show, word_tokenizer

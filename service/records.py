@@ -1,0 +1,222 @@
+"""Sample records: the formats, their validation, and the reasons a sample is skipped.
+
+A reader (``sources.py``) hands every row to the parser of its input's format; the parser
+returns the record or raises ``InvalidRecord``, which the reader turns into a ``Skip``. The
+tokenizer adds its own skips (``template_error``, ``tokenizer_error``, ``no_trained_tokens``).
+
+Sample formats (TRL's): ``text`` ({"text": str}); ``prompt_completion`` ({"prompt",
+"completion"}: both strings, or both lists of messages); ``messages`` ({"messages": [...]},
+each message {"role": system|user|assistant|tool, "content": str | [{"type": "text",
+"text": str}, ...]}). An optional ``tools`` field (list, or JSON string) is kept for the chat
+template. Per input the format is given, or detected from the keys of its first parseable
+record: "messages" -> messages; "prompt"+"completion" -> prompt_completion; "text" -> text.
+
+Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``text`` and
+``completion`` strings must hold a non-whitespace character; a ``prompt`` string may be empty;
+``messages`` and conversational ``prompt``/``completion`` must be non-empty lists; a message's
+content may be "" (empty system prompts are common); keys whose value is null are dropped from
+messages, as ``apply_chat_template`` does; a message without content is accepted only when it
+has ``tool_calls``. Records are returned as: text -> ``str``; prompt_completion ->
+``PromptCompletion``; messages -> ``Conversation``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+MISSING = object()  # what get(key) returns for an absent key
+
+
+# ---- skip reasons: the one place they are defined ------------------------------------------
+BLANK_LINE = "blank_line"  # a JSONL line holding only whitespace
+INVALID_UTF8 = "invalid_utf8"  # bytes that do not decode as UTF-8
+MALFORMED_JSON = "malformed_json"  # a JSONL line that json.loads rejects
+NOT_AN_OBJECT = "not_an_object"  # valid JSON, but not an object ({...})
+MISSING_FIELD = "missing_field"  # a field the format requires is absent
+EMPTY_FIELD = "empty_field"  # a required field is null, "", whitespace only, or []
+WRONG_TYPE = "wrong_type"  # a field of the wrong type (e.g. text: 3, messages: "hi")
+UNKNOWN_ROLE = "unknown_role"  # a message role outside MESSAGE_ROLES
+UNSUPPORTED_CONTENT = "unsupported_content"  # a content part that is not text (image, audio)
+TEMPLATE_ERROR = "template_error"  # the chat template raised on this conversation
+TOKENIZER_ERROR = "tokenizer_error"  # the tokenizer raised on this text (e.g. lone surrogate)
+NO_TRAINED_TOKENS = "no_trained_tokens"  # nothing left to train (e.g. no assistant turn)
+SKIP_REASONS = (
+    BLANK_LINE,
+    INVALID_UTF8,
+    MALFORMED_JSON,
+    NOT_AN_OBJECT,
+    MISSING_FIELD,
+    EMPTY_FIELD,
+    WRONG_TYPE,
+    UNKNOWN_ROLE,
+    UNSUPPORTED_CONTENT,
+    TEMPLATE_ERROR,
+    TOKENIZER_ERROR,
+    NO_TRAINED_TOKENS,
+)
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A sample that is not trained on, and why. ``row`` is 0-based within ``source``."""
+
+    sample_id: int
+    source: str
+    row: int
+    reason: str
+    detail: str
+
+
+class BadSampleError(ValueError):
+    """Raised in strict mode for the first bad sample; ``.skip`` holds the details."""
+
+    def __init__(self, skip: Skip, *, line_numbers: bool = False) -> None:
+        self.skip = skip
+        self.line_numbers = line_numbers
+        where = f"row {skip.row}" + (f" (line {skip.row + 1})" if line_numbers else "")
+        super().__init__(
+            f"{skip.source}: {where}, sample {skip.sample_id}: {skip.reason}: {skip.detail} "
+            "(run without strict to skip and count such samples)"
+        )
+
+    def __reduce__(self):
+        # Raised inside Ray actors: it must unpickle on the driver from its own arguments.
+        return (_rebuild_bad_sample_error, (self.skip, self.line_numbers))
+
+
+def _rebuild_bad_sample_error(skip: Skip, line_numbers: bool) -> "BadSampleError":
+    return BadSampleError(skip, line_numbers=line_numbers)
+
+
+class PromptCompletion(NamedTuple):
+    """Both strings (standard) or both lists of message dicts (conversational)."""
+
+    prompt: str | list[dict[str, Any]]
+    completion: str | list[dict[str, Any]]
+    tools: list[Any] | None = None
+
+
+class Conversation(NamedTuple):
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+
+
+class InvalidRecord(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason, self.detail = reason, detail
+
+
+# ---- record validation -----------------------------------------------------------------------
+# A parser takes get(key) -> value (or MISSING) and returns the record, or raises InvalidRecord.
+def _parse_text(get: Callable[[str], Any]) -> str:
+    return _nonblank_str(get("text"), "text")
+
+
+def _parse_prompt_completion(get: Callable[[str], Any]) -> PromptCompletion:
+    prompt, completion = get("prompt"), get("completion")
+    for name, value in (("prompt", prompt), ("completion", completion)):
+        if value is MISSING:
+            raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
+        if value is None:
+            raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    tools = _parse_tools(get("tools"))
+    if isinstance(prompt, str) and isinstance(completion, str):
+        return PromptCompletion(prompt, _nonblank_str(completion, "completion"), tools)
+    if isinstance(prompt, list) and isinstance(completion, list):
+        return PromptCompletion(_parse_messages(prompt, "prompt"), _parse_messages(completion, "completion"), tools)
+    raise InvalidRecord(
+        WRONG_TYPE,
+        f"'prompt' ({type(prompt).__name__}) and 'completion' ({type(completion).__name__}) must both be "
+        "strings or both be lists of messages",
+    )
+
+
+def _parse_conversation(get: Callable[[str], Any]) -> Conversation:
+    messages = get("messages")
+    if messages is MISSING:
+        raise InvalidRecord(MISSING_FIELD, "no 'messages' field")
+    if messages is None:
+        raise InvalidRecord(EMPTY_FIELD, "'messages' is null")
+    if not isinstance(messages, list):
+        raise InvalidRecord(WRONG_TYPE, f"'messages' is a {type(messages).__name__}, expected a list of messages")
+    return Conversation(_parse_messages(messages, "messages"), _parse_tools(get("tools")))
+
+
+RECORD_PARSERS: dict[str, Callable[[Callable[[str], Any]], Any]] = {
+    "text": _parse_text,
+    "prompt_completion": _parse_prompt_completion,
+    "messages": _parse_conversation,
+}
+
+
+def _nonblank_str(value: Any, name: str) -> str:
+    if value is MISSING:
+        raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
+    if value is None:
+        raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    if not isinstance(value, str):
+        raise InvalidRecord(WRONG_TYPE, f"{name!r} is a {type(value).__name__}, expected a string")
+    if not value or value.isspace():
+        raise InvalidRecord(EMPTY_FIELD, f"{name!r} is empty")
+    return value
+
+
+def _parse_messages(messages: list[Any], name: str) -> list[dict[str, Any]]:
+    """Validate messages; return fresh dicts without null keys and with text content joined."""
+    if not messages:
+        raise InvalidRecord(EMPTY_FIELD, f"{name!r} is an empty list")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"{name}[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRecord(WRONG_TYPE, f"{where} is a {type(message).__name__}, expected an object")
+        m = {k: v for k, v in message.items() if v is not None}
+        role = m.get("role", MISSING)
+        if role is MISSING:
+            raise InvalidRecord(MISSING_FIELD, f"{where} has no 'role'")
+        if not isinstance(role, str):
+            raise InvalidRecord(WRONG_TYPE, f"{where}.role is a {type(role).__name__}, expected a string")
+        if role not in MESSAGE_ROLES:
+            raise InvalidRecord(UNKNOWN_ROLE, f"{where}.role is {role[:40]!r}; allowed: {', '.join(MESSAGE_ROLES)}")
+        content = m.get("content", MISSING)
+        if content is MISSING:
+            if "tool_calls" not in m:
+                raise InvalidRecord(MISSING_FIELD, f"{where} has no 'content' (nor 'tool_calls')")
+        elif isinstance(content, list):
+            m["content"] = _join_text_parts(content, where)
+        elif not isinstance(content, str):
+            raise InvalidRecord(WRONG_TYPE, f"{where}.content is a {type(content).__name__}, expected a string or parts")
+        out.append(m)
+    return out
+
+
+def _join_text_parts(parts: list[Any], where: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise InvalidRecord(WRONG_TYPE, f"{where}.content[{j}] is a {type(part).__name__}, expected an object")
+        kind = part.get("type")
+        if kind != "text":
+            raise InvalidRecord(UNSUPPORTED_CONTENT, f"{where}.content[{j}] has type {kind!r}; only text parts are supported")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidRecord(WRONG_TYPE, f"{where}.content[{j}].text is a {type(text).__name__}, expected a string")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _parse_tools(tools: Any) -> list[Any] | None:
+    if tools is MISSING or tools is None:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise InvalidRecord(WRONG_TYPE, "'tools' is a string that is not JSON") from None
+    if not isinstance(tools, list):
+        raise InvalidRecord(WRONG_TYPE, f"'tools' is a {type(tools).__name__}, expected a list of tool schemas")
+    return tools or None
