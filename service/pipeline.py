@@ -2,10 +2,10 @@
 
 ::
 
-    plan_windows (driver)  ->  from_items(windows, seeded order)  ->  map_batches(WindowActor)
-    list[WindowSpec]           one block per window                   read + tokenize + pack,
-                                                                       one window per call
-                                                                  ->  Arrow tables of rows
+    plan_windows (driver)  ->  from_items(window indices,  ->  map_batches(WindowActor)
+    list[WindowSpec]           seeded order; one block        read + tokenize + pack,
+                               per window)                    one window per call
+                                                          ->  Arrow tables of rows (+ "window")
 
 The actors hold the tokenizer (loaded once per actor) and call ``process_window``; they hold
 no packing logic. Each window is packed whole inside one call, so no partial row is carried

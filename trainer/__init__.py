@@ -1,7 +1,8 @@
 """packfeed.trainer: training on packed rows with block-causal attention.
 
 Attention back-end selection (flash-attn 2/4, PyTorch's varlen kernel, SDPA/eager on CPU) and
-tiny random model configs for demos and tests. The Ray Train loop builds on these.
+tiny random model configs for demos and tests; the step (token mean over the whole optimizer
+step), the RowFeeder step plan and the Ray Train driver (``train``).
 """
 
 from packfeed.trainer.attention import (
@@ -11,10 +12,22 @@ from packfeed.trainer.attention import (
     select_attention,
     varlen_attention_forward,
 )
+from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.model import build_model
+from packfeed.trainer.run import train
+from packfeed.trainer.step import accumulate_gradients, train_step
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 
 __all__ = [
     "ATTENTION_CHOICES",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "TrainScaling",
+    "accumulate_gradients",
+    "build_model",
+    "train",
+    "train_step",
     "TINY_FAMILIES",
     "VARLEN",
     "register_varlen_attention",

@@ -1,0 +1,14 @@
+# Sourced by the deploy/local scripts: where the local cluster lives and how to reach it.
+# Override any of these in the environment. Token authentication (on by default in Ray 2.60)
+# uses a token file of this cluster's own, not ~/.ray/auth_token.
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export PATH="$REPO/.venv/bin:$PATH"
+export PACKFEED_RAY_DIR="${PACKFEED_RAY_DIR:-/tmp/packfeed-ray}"
+export PACKFEED_RAY_PORT="${PACKFEED_RAY_PORT:-6390}"
+export PACKFEED_DASHBOARD_PORT="${PACKFEED_DASHBOARD_PORT:-8290}"
+export PACKFEED_NUM_CPUS="${PACKFEED_NUM_CPUS:-$(nproc)}"
+export PACKFEED_OBJECT_STORE_BYTES="${PACKFEED_OBJECT_STORE_BYTES:-1000000000}"
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+export RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$PACKFEED_RAY_DIR/auth_token}"
+export RAY_ADDRESS="127.0.0.1:$PACKFEED_RAY_PORT"
+export PACKFEED_JOB_ADDRESS="http://127.0.0.1:$PACKFEED_DASHBOARD_PORT"

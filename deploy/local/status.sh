@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Jobs of the local cluster: `status.sh` lists them, `status.sh ID` shows one with its logs.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+if [ $# -eq 0 ]; then
+    ray job list --address "$PACKFEED_JOB_ADDRESS"
+else
+    ray job status --address "$PACKFEED_JOB_ADDRESS" "$1"
+    ray job logs --address "$PACKFEED_JOB_ADDRESS" "$1"
+fi

@@ -1,0 +1,150 @@
+"""The loss is the token mean over the whole optimizer step, across micro-batches and ranks.
+
+One optimizer step of 2 DDP workers (gloo, CPU, spawned processes) with gradient accumulation
+2 on rows built by the real packer must give the same gradients (1e-5 relative) as one process
+computing the mean token loss over the same samples unpacked, one at a time. The samples have
+very different lengths and prompt masks, and the micro-batches very different token counts,
+so averaging per micro-batch or per rank would fail this test (checked as a negative control).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
+from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
+from packfeed.service.packing import assemble_rows, pack  # noqa: E402
+from packfeed.trainer.batches import StepLayout, fill_micro_batch  # noqa: E402
+from packfeed.trainer.config import ModelConfig  # noqa: E402
+from packfeed.trainer.model import build_model  # noqa: E402
+from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+VOCAB, SEQ_LEN, PAD_ID = 96, 32, 0
+WORLD, ACCUM, MICRO_ROWS = 2, 2, 2
+MODEL = ModelConfig(name="tiny-llama", attn="sdpa")
+
+
+def samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Samples of 2..32 tokens; every third has its first half masked as a prompt."""
+    rng = np.random.default_rng(7)
+    lengths = np.concatenate([rng.integers(2, 12, size=10), rng.integers(20, SEQ_LEN + 1, size=6)])
+    tokens, labels = [], []
+    for i, n in enumerate(lengths):
+        ids = rng.integers(3, VOCAB, size=n).astype(np.int32)
+        lab = ids.copy()
+        if i % 3 == 0:
+            lab[: n // 2] = IGNORE_INDEX
+        tokens.append(ids)
+        labels.append(lab)
+    return tokens, labels
+
+
+def packed_micro_batches() -> list[list]:
+    """[rank][micro] PackedRows, built with the real packer, padded to MICRO_ROWS rows."""
+    tokens, labels = samples()
+    lengths = np.array([len(t) for t in tokens])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    packing = pack(lengths, SEQ_LEN, strategy="bfd")
+    rows = assemble_rows(
+        packing, np.concatenate(tokens), np.concatenate(labels), offsets,
+        np.arange(len(tokens)), seq_len=SEQ_LEN, pad_id=PAD_ID,
+    )
+    layout = StepLayout(world_size=WORLD, grad_accum=ACCUM, micro_rows=MICRO_ROWS)
+    assert rows.num_rows <= layout.rows_per_step, "the samples must fit one step"
+    assert rows.num_rows > layout.rows_per_step - MICRO_ROWS, "every micro-batch should hold real rows"
+    from packfeed.client.rows import PackedRows
+
+    def take(sl: slice) -> PackedRows | None:
+        idx = np.arange(rows.num_rows)[sl]
+        if len(idx) == 0:
+            return None
+        seg = [np.arange(rows.segment_splits[r], rows.segment_splits[r + 1]) for r in idx]
+        splits = np.concatenate([[0], np.cumsum([len(s) for s in seg])])
+        seg = np.concatenate(seg)
+        return PackedRows(
+            input_ids=rows.input_ids[idx], labels=rows.labels[idx], position_ids=rows.position_ids[idx],
+            seq_lens=rows.seq_lens[seg], sample_ids=rows.sample_ids[seg], segment_splits=splits,
+            row_index=rows.row_index[idx],
+        )
+
+    return [
+        [fill_micro_batch(take(layout.micro_slice(rank, m)), MICRO_ROWS, SEQ_LEN, PAD_ID) for m in range(ACCUM)]
+        for rank in range(WORLD)
+    ]
+
+
+def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        model = DistributedDataParallel(build_model(MODEL, vocab_size=VOCAB, seed=0))
+        micro = [to_model_inputs(rows) for rows in packed_micro_batches()[rank]]
+        result = accumulate_gradients(model, micro)
+        if rank == 0:
+            grads = {n: p.grad.detach().clone() for n, p in model.module.named_parameters()}
+            torch.save({"grads": grads, "loss": result.loss, "tokens": result.trained_tokens}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def reference() -> tuple[dict, float, int]:
+    """Mean token loss over the samples run one at a time, unpacked, in one process."""
+    model = build_model(MODEL, vocab_size=VOCAB, seed=0)
+    tokens, labels = samples()
+    count = sum(int((lab[1:] != IGNORE_INDEX).sum()) for lab in labels)
+    total = 0.0
+    for ids, lab in zip(tokens, labels):
+        inputs = {
+            "input_ids": torch.from_numpy(ids.astype(np.int64))[None],
+            "labels": torch.from_numpy(lab.astype(np.int64))[None],
+            "use_cache": False,
+        }
+        loss = token_loss_sum(model, inputs)
+        (loss / count).backward()
+        total += float(loss.detach())
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return grads, total / count, count
+
+
+def relative_error(a: dict, b: dict) -> float:
+    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)) for n in b)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a busy 2-core box they cost a lot."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_ddp_grad_accum_step_equals_unpacked_token_mean(tmp_path, one_thread):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(out)), nprocs=WORLD, join=True)
+    ddp = torch.load(out)
+    ref_grads, ref_loss, ref_tokens = reference()
+
+    assert ddp["tokens"] == ref_tokens > 0
+    assert ddp["loss"] == pytest.approx(ref_loss, rel=1e-6)
+    assert relative_error(ddp["grads"], ref_grads) < 1e-5
+
+    # Negative control: the mean of per-micro-batch means differs by far more than the tolerance.
+    model = build_model(MODEL, vocab_size=VOCAB, seed=0)
+    micro = [to_model_inputs(rows) for per_rank in packed_micro_batches() for rows in per_rank]
+    counts = [int((m["labels"][:, 1:] != IGNORE_INDEX).sum()) for m in micro]
+    assert len(set(counts)) > 1, "micro-batches must differ in trained tokens for the control to bite"
+    for m, n in zip(micro, counts):
+        (token_loss_sum(model, m) / max(n, 1) / len(micro)).backward()
+    naive = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    assert relative_error(naive, ref_grads) > 1e-3

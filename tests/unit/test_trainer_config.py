@@ -1,0 +1,75 @@
+"""Training config: validated at construction with actionable errors; schedule golden values."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.optim import lr_factor
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        pytest.param({"max_steps": 0}, "max_steps must be an integer >= 1", id="zero-steps"),
+        pytest.param({"lr": 0.0}, "lr must be > 0", id="zero-lr"),
+        pytest.param({"precision": "fp16"}, "precision must be one of", id="bad-precision"),
+        pytest.param({"betas": (0.9,)}, "betas must be two numbers", id="one-beta"),
+        pytest.param({"grad_accum": 1.5}, "grad_accum must be an integer", id="fractional-accum"),
+    ],
+)
+def test_train_config_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_model_and_scaling_reject():
+    with pytest.raises(ValueError, match="attn must be one of"):
+        ModelConfig(name="tiny-llama", attn="flash")
+    with pytest.raises(ValueError, match="overrides apply to tiny"):
+        ModelConfig(name="Qwen/Qwen3-0.6B", overrides={"hidden_size": 8})
+    with pytest.raises(ValueError, match="cpus_per_worker"):
+        TrainScaling(cpus_per_worker=0)
+
+
+def test_run_config_round_trip_and_unknown_keys():
+    d = {
+        "data": {"inputs": ["a.jsonl"], "tokenizer": "tok", "seq_len": 64},
+        "model": {"name": "tiny-qwen3", "overrides": {"hidden_size": 32}},
+        "train": {"max_steps": 7, "stop_at_step": 3},
+    }
+    run = RunConfig.from_dict(d)
+    assert run.train.last_step == 3 and run.scaling == TrainScaling()
+    assert RunConfig.from_dict(run.to_dict()) == run
+    with pytest.raises(ValueError, match=r"unknown \[train\] keys \['max_step'\]"):
+        RunConfig.from_dict({**d, "train": {"max_step": 7}})
+    with pytest.raises(ValueError, match="needs a \\[model\\] table"):
+        RunConfig.from_dict({"data": d["data"]})
+
+
+def test_lr_schedule_golden():
+    # warmup 2, max_steps 6, min ratio 0.1 (the worked example of optim.py)
+    got = [lr_factor(s, warmup_steps=2, max_steps=6, min_lr_ratio=0.1) for s in range(7)]
+    assert got == pytest.approx([0.5, 1.0, 1.0, 0.86820, 0.55, 0.23180, 0.1], abs=1e-5)
+
+
+def test_cli_flags_override_the_config_file(tmp_path):
+    from packfeed.service.cli import main  # noqa: F401  (the train subcommand is registered)
+    from packfeed.trainer.cli import add_arguments, run_config_from_args
+
+    config = tmp_path / "train.toml"
+    config.write_text(
+        '[data]\ninputs = ["a.jsonl"]\ntokenizer = "tok"\nseq_len = 64\n'
+        '[model]\nname = "tiny-llama"\noverrides = { hidden_size = 32 }\n'
+        "[train]\nmax_steps = 50\n[scaling]\nnum_workers = 2\n"
+    )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    run = run_config_from_args(parser.parse_args(["--config", str(config), "--max-steps", "5", "--num-workers", "1",
+                                                  "--seq-len", "128"]))
+    assert (run.train.max_steps, run.scaling.num_workers, run.data.seq_len) == (5, 1, 128)
+    assert run.model.overrides == {"hidden_size": 32}
+    run = run_config_from_args(parser.parse_args(["--config", str(config), "--model", "tiny-qwen3"]))
+    assert run.model.name == "tiny-qwen3" and run.model.overrides == {}

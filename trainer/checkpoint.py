@@ -1,0 +1,61 @@
+"""Checkpoints: model (``save_pretrained``), optimizer, scheduler, step and data position.
+
+Layout of one checkpoint directory::
+
+    model/                 save_pretrained: config.json + model.safetensors
+    optimizer.pt           optimizer.state_dict()
+    scheduler.pt           scheduler.state_dict()
+    trainer_state.json     {"step": completed optimizer steps, "data_position": {...}, ...}
+
+Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``);
+``latest_checkpoint(output)`` finds the newest one for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "trainer_state.json"
+RUN_NAME = "ray"  # Ray Train's run directory under --output
+
+
+def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:
+    import torch
+
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory / "model")
+    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    torch.save(scheduler.state_dict(), directory / "scheduler.pt")
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+
+def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any) -> dict:
+    """Load weights and optimizer/scheduler state in place; returns the trainer state."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(str(directory / "model" / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Tied embeddings are saved once; anything else missing is an error.
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {directory} does not match the model: missing {missing}, unexpected {unexpected}")
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+    return read_state(directory)
+
+
+def read_state(directory: Path) -> dict:
+    return json.loads((Path(directory) / STATE_FILE).read_text())
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    """The checkpoint with the most completed steps under ``output``, or None."""
+    best, best_step = None, -1
+    for state in Path(output, RUN_NAME).glob(f"checkpoint_*/{STATE_FILE}"):
+        step = read_state(state.parent)["step"]
+        if step > best_step:
+            best, best_step = state.parent, step
+    return best

@@ -1,0 +1,79 @@
+"""``packfeed train``: pack and train in one command, on an embedded Ray or a cluster.
+
+    packfeed train --config examples/train_demo.toml [INPUT...] [--model M] [--max-steps N]
+                   [--num-workers N] [--output DIR] [--resume | --overwrite] [--address ADDR]
+
+The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pack``),
+``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.config``); the data flags
+of ``packfeed pack`` and the flags below override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from packfeed.service.cli import add_data_arguments, data_config_from_args, load_config_file
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser)  # data flags, --config, --address, --num-workers, --cpus-per-worker
+    flags = parser._option_string_actions
+    flags["--num-workers"].help = "train workers (default from [scaling], 2)"
+    flags["--cpus-per-worker"].help = argparse.SUPPRESS  # train: [scaling] cpus_per_worker
+    t = parser.add_argument_group("training")
+    t.add_argument("--model", help="HF id, local save_pretrained dir, or tiny-<family> (random weights)")
+    t.add_argument("--attn", help="attention back-end: auto, sdpa, eager, flash_attention_2, flash_attention_4, varlen")
+    t.add_argument("--max-steps", type=int, help="optimizer steps (the schedule's length)")
+    t.add_argument("--micro-batch-rows", type=int, help="packed rows per micro-batch per worker")
+    t.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
+    t.add_argument("--lr", type=float, help="peak learning rate")
+    t.add_argument("--log-every", type=int, help="steps between metric lines")
+    t.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0: at the end only)")
+    t.add_argument("--stop-at-step", type=int, help="stop this run early (resume later with --resume)")
+    t.add_argument("--packing-workers", type=int, help="packing actors (default from [scaling], 1)")
+    o = parser.add_argument_group("output")
+    o.add_argument("--output", type=Path,
+                   help="checkpoints, metrics.jsonl, loss.png, final/ (default: [output] dir, else runs/train)")
+    mode = o.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+    mode.add_argument("--overwrite", action="store_true", help="discard a previous run in --output")
+
+
+def run_config_from_args(args: argparse.Namespace):
+    """RunConfig from the config file overridden by the flags given."""
+    from packfeed.trainer.config import RunConfig
+
+    base = load_config_file(args.config)
+    unknown = sorted(set(base) - {"data", "model", "train", "scaling", "output"})
+    if unknown:
+        raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling]")
+    data = data_config_from_args(args, base)
+    model = dict(base.get("model", {}))
+    if args.model:
+        if args.model != model.get("name"):
+            model.pop("overrides", None)  # overrides belong to the config's own model
+        model["name"] = args.model
+    if args.attn:
+        model["attn"] = args.attn
+    if "name" not in model:
+        raise ValueError("missing --model (or `name` in the config file's [model] table)")
+    train = dict(base.get("train", {}))
+    for flag in ("max_steps", "micro_batch_rows", "grad_accum", "lr", "log_every", "checkpoint_every", "stop_at_step"):
+        if getattr(args, flag) is not None:
+            train[flag] = getattr(args, flag)
+    scaling = dict(base.get("scaling", {}))
+    if args.num_workers is not None:
+        scaling["num_workers"] = args.num_workers
+    if args.packing_workers is not None:
+        scaling["packing_workers"] = args.packing_workers
+    return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling})
+
+
+def run(args: argparse.Namespace) -> int:
+    from packfeed.trainer.run import train
+
+    config = run_config_from_args(args)
+    output = args.output or Path(load_config_file(args.config).get("output", {}).get("dir", "runs/train"))
+    train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
+    return 0

@@ -1,0 +1,173 @@
+"""Typed, validated configuration of a training run: model, optimisation, scaling.
+
+The data section is ``packfeed.service.config.DataConfig`` (the same as ``packfeed pack``).
+A run is ``RunConfig(data=..., model=..., train=..., scaling=...)``; ``from_dict`` reads the
+``[data]``, ``[model]``, ``[train]`` and ``[scaling]`` tables of a TOML config file. Runtime
+objects (rank, world size, device, Ray handles) are arguments, never config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from packfeed.service.config import DataConfig
+
+PRECISIONS = ("auto", "fp32", "bf16")
+TINY_PREFIX = "tiny-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which model to train.
+
+    ``name``: a Hugging Face id, a local directory (a ``save_pretrained`` output), or
+    ``tiny-<family>`` (``tiny-llama``, ``tiny-qwen3``, ...): a random-weight model built from
+    ``packfeed.trainer.tiny_models.tiny_config`` with the tokenizer's vocabulary, where
+    ``overrides`` replace config fields (``hidden_size = 128``). ``attn``: an attention
+    back-end of ``packfeed.trainer.attention.ATTENTION_CHOICES``.
+    """
+
+    name: str
+    attn: str = "auto"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from packfeed.trainer.attention import ATTENTION_CHOICES
+
+        if not self.name:
+            raise ValueError("model name must be a Hugging Face id, a local directory or tiny-<family>")
+        if self.attn not in ATTENTION_CHOICES:
+            raise ValueError(f"model attn must be one of {', '.join(ATTENTION_CHOICES)}; got {self.attn!r}")
+        if self.overrides and not self.is_tiny:
+            raise ValueError("model overrides apply to tiny-<family> models only; a pretrained config is loaded as is")
+        object.__setattr__(self, "overrides", dict(self.overrides))
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.name.startswith(TINY_PREFIX)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The optimisation and its bookkeeping.
+
+    One optimizer step consumes ``num_workers * grad_accum * micro_batch_rows`` packed rows.
+    The learning rate warms up linearly for ``warmup_steps`` then follows a cosine from ``lr``
+    down to ``lr * min_lr_ratio`` at ``max_steps``. ``log_every``: steps between metric lines
+    (metrics.jsonl, progress); ``checkpoint_every``: steps between checkpoints (0: only the
+    last step); each checkpoint is also a ``ray.train.report`` (~1.7 s on a small box), so keep
+    it at tens of steps or more. ``stop_at_step`` ends this run early without changing the
+    schedule (a planned interruption: resume later with ``--resume``).
+    """
+
+    max_steps: int = 100
+    micro_batch_rows: int = 4
+    grad_accum: int = 1
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    seed: int = 0
+    precision: str = "auto"
+    log_every: int = 10
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    stop_at_step: int | None = None
+    record_rows: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "micro_batch_rows", "grad_accum", "log_every", "keep_checkpoints"):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("warmup_steps", "checkpoint_every", "seed"):
+            _check_int(name, getattr(self, name), minimum=0)
+        if self.stop_at_step is not None:
+            _check_int("stop_at_step", self.stop_at_step, minimum=1)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.weight_decay < 0 or self.grad_clip < 0:
+            raise ValueError("weight_decay and grad_clip must be >= 0 (grad_clip 0 disables clipping)")
+        betas = tuple(float(b) for b in self.betas)
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", betas)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+
+    @property
+    def last_step(self) -> int:
+        """The step this run stops after: ``max_steps`` unless ``stop_at_step`` comes first."""
+        return min(self.max_steps, self.stop_at_step or self.max_steps)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainScaling:
+    """Train workers and packing actors, sized so both fit on the cluster together.
+
+    On 2 CPUs the defaults fit: 2 train workers of 0.5 CPU and 1 packing actor of 1 CPU (Ray
+    deadlocks when requests exceed the CPUs, see DESIGN.md). ``use_gpu``: "auto" uses one GPU
+    per train worker when the cluster has GPUs.
+    """
+
+    num_workers: int = 2
+    cpus_per_worker: float = 0.5
+    use_gpu: str = "auto"
+    packing_workers: int = 1
+    packing_cpus_per_worker: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_int("num_workers", self.num_workers, minimum=1)
+        _check_int("packing_workers", self.packing_workers, minimum=1)
+        if not self.cpus_per_worker > 0 or not self.packing_cpus_per_worker > 0:
+            raise ValueError("cpus_per_worker and packing_cpus_per_worker must be > 0 (fractions are fine)")
+        if self.use_gpu not in ("auto", "yes", "no"):
+            raise ValueError(f"use_gpu must be auto, yes or no; got {self.use_gpu!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Everything a training run is a function of."""
+
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig = field(default_factory=lambda: TrainConfig())
+    scaling: TrainScaling = field(default_factory=lambda: TrainScaling())
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"data": self.data.to_dict()}
+        for name in ("model", "train", "scaling"):
+            out[name] = dataclasses.asdict(getattr(self, name))
+        out["model"]["overrides"] = dict(self.model.overrides)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
+        unknown = sorted(set(d) - {"data", "model", "train", "scaling"})
+        if unknown:
+            raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling]")
+        if "model" not in d:
+            raise ValueError("the config needs a [model] table with at least name = \"tiny-llama\" or a model id/path")
+        return cls(
+            data=DataConfig.from_dict(d.get("data", {})),
+            model=_build(ModelConfig, "model", d["model"]),
+            train=_build(TrainConfig, "train", d.get("train", {})),
+            scaling=_build(TrainScaling, "scaling", d.get("scaling", {})),
+        )
+
+
+def _build(cls: type, table: str, values: Mapping[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown [{table}] keys {unknown}; known keys: {sorted(known)}")
+    return cls(**values)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,124 @@
+"""Training metrics: interval aggregation, progress line, metrics.jsonl, loss curve, summary.
+
+``MetricsWindow`` accumulates per-step figures on every rank; ``close(...)`` turns an interval
+into one record (rank 0 writes it). Figures, each over the interval since the last record:
+
+- ``loss``: mean of the steps' losses (each a token mean over its whole step, all ranks);
+- ``lr``: the learning rate of the interval's last step;
+- ``tokens_per_s``: real tokens (padding excluded) of all ranks per second of wall time;
+- ``fill``: real tokens / (rows * seq_len) of all ranks;
+- ``data_wait``: fraction of rank 0's wall time spent waiting for rows;
+- ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
+  against the GPU's dense bf16 peak), None on CPU or an unknown GPU.
+
+Cost: one all_reduce of 3 numbers per interval, O(1) per step otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Dense bf16 peak FLOP/s by device-name substring.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+
+
+def peak_flops(device_name: str) -> float | None:
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in device_name:
+            return flops
+    return None
+
+
+@dataclass
+class MetricsWindow:
+    started: float = field(default_factory=time.perf_counter)
+    steps: int = 0
+    loss_sum: float = 0.0
+    real_tokens: int = 0
+    slots: int = 0
+    data_wait: float = 0.0
+
+    def add(self, *, loss: float, real_tokens: int, slots: int, data_wait: float) -> None:
+        self.steps += 1
+        self.loss_sum += loss
+        self.real_tokens += real_tokens
+        self.slots += slots
+        self.data_wait += data_wait
+
+    def close(self, *, step: int, lr: float, world_totals: tuple[int, int], flops_per_token: float,
+              peak_flops_total: float | None) -> dict[str, Any]:
+        """The interval's record; ``world_totals``: (real tokens, slots) summed over ranks."""
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        tokens, slots = world_totals
+        tokens_per_s = tokens / seconds
+        return {
+            "step": step,
+            "loss": self.loss_sum / max(self.steps, 1),
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "fill": tokens / max(slots, 1),
+            "data_wait": self.data_wait / seconds,
+            "mfu": (flops_per_token * tokens_per_s / peak_flops_total) if peak_flops_total else None,
+            "seconds": seconds,
+            "time": time.time(),
+        }
+
+
+def progress_line(record: dict[str, Any], max_steps: int) -> str:
+    mfu = f" mfu {record['mfu']:.1%}" if record.get("mfu") is not None else ""
+    return (
+        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+        f"{record['tokens_per_s']:,.0f} tok/s  fill {record['fill']:.1%}  "
+        f"data wait {record['data_wait']:.0%}{mfu}"
+    )
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """First/last loss, mean throughput and fill over the run's metric records."""
+    if not records:
+        return {"steps": 0}
+    seconds = sum(r["seconds"] for r in records)
+    tokens = sum(r["tokens_per_s"] * r["seconds"] for r in records)
+    return {
+        "steps": records[-1]["step"],
+        "first_loss": records[0]["loss"],
+        "last_loss": records[-1]["loss"],
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "mean_fill": sum(r["fill"] for r in records) / len(records),
+        "mean_data_wait": sum(r["data_wait"] * r["seconds"] for r in records) / seconds if seconds else 0.0,
+        "train_seconds": seconds,
+    }
+
+
+def plot_loss(records: list[dict[str, Any]], path: Path) -> None:
+    """Loss against step as a PNG (matplotlib, Agg back-end)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], marker="o", markersize=3)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (token mean)")
+    ax.set_title("packfeed train")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""One optimizer step on packed rows: the loss is the token mean over the WHOLE step.
+
+The step's trained tokens are counted over every gradient-accumulation micro-batch and every
+data-parallel rank (one ``all_reduce`` of a scalar) BEFORE any backward, and each micro-batch
+backpropagates ``sum of its token losses * world_size / tokens of the step``. DDP averages
+gradients over ranks (divides by world_size), so the gradient is exactly that of
+
+    sum over all ranks and micro-batches of token losses / trained tokens of the step,
+
+which does not depend on how samples were packed into rows, split into micro-batches or
+spread over ranks (tests/integration/test_train_ddp_loss.py checks it against samples run one
+at a time). Averaging per-micro-batch means instead would weight a token of a short
+micro-batch more than one of a long micro-batch.
+
+Pure torch: no Ray. ``torch.distributed`` is used when it is initialised (DDP), else the step
+is single-process.
+
+Worked example, 2 ranks x 2 micro-batches with 3, 5 (rank 0) and 4, 0 (rank 1) trained
+tokens: the step has 12 tokens; rank 0's first micro-batch backpropagates loss_sum * 2 / 12.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from packfeed.client.model_inputs import num_trained_tokens
+from packfeed.client.rows import IGNORE_INDEX
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # token mean over the whole step, all ranks
+    trained_tokens: int  # over the whole step, all ranks
+    grad_norm: float = float("nan")
+    lr: float = float("nan")
+
+
+def token_loss_sum(model: Any, inputs: dict) -> Any:
+    """Sum of the causal-LM token losses of one micro-batch (fp32 scalar tensor).
+
+    Token t predicts ``labels[t + 1]`` inside each row (Hugging Face's shift); positions whose
+    label is IGNORE_INDEX (prompts, padding, first token of every sample) add nothing.
+    """
+    import torch.nn.functional as F
+
+    labels = inputs["labels"]
+    kwargs = {key: value for key, value in inputs.items() if key != "labels"}
+    logits = model(**kwargs).logits
+    vocab = logits.shape[-1]
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, vocab),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+
+
+def accumulate_gradients(
+    model: Any, micro_batches: Sequence[dict], *, autocast_dtype: Any = None
+) -> StepResult:
+    """Forward and backward every micro-batch of one step; leaves the step's gradients in .grad.
+
+    ``micro_batches``: this rank's model inputs (from ``to_model_inputs``), all already on the
+    model's device. Every rank must call this with the same number of micro-batches (DDP
+    synchronises on the last backward). ``autocast_dtype``: e.g. torch.bfloat16 on GPU, None
+    for fp32. Cost: one all_reduce of 1 scalar before and 1 after, plus DDP's gradient sync.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not micro_batches:
+        raise ValueError("a step needs at least one micro-batch")
+    distributed = dist.is_available() and dist.is_initialized()
+    world_size = dist.get_world_size() if distributed else 1
+    device = micro_batches[0]["input_ids"].device
+
+    local_tokens = sum(num_trained_tokens(mb) for mb in micro_batches)
+    tokens = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
+    if distributed:
+        dist.all_reduce(tokens)
+    step_tokens = int(tokens.item())
+    scale = world_size / max(step_tokens, 1)
+
+    loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
+    last = len(micro_batches) - 1
+    for i, inputs in enumerate(micro_batches):
+        # DDP syncs gradients on the last micro-batch only.
+        sync = contextlib.nullcontext() if i == last or not hasattr(model, "no_sync") else model.no_sync()
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with sync:
+            with autocast:
+                micro_sum = token_loss_sum(model, inputs)
+            (micro_sum * scale).backward()
+        loss_sum += micro_sum.detach().double()
+    if distributed:
+        dist.all_reduce(loss_sum)
+    return StepResult(loss=float(loss_sum.item()) / max(step_tokens, 1), trained_tokens=step_tokens)
+
+
+def optimizer_step(model: Any, optimizer: Any, scheduler: Any, *, grad_clip: float) -> tuple[float, float]:
+    """Clip, step, advance the schedule, zero the gradients. Returns (grad norm, lr used)."""
+    import torch
+
+    lr = float(optimizer.param_groups[0]["lr"])
+    if grad_clip > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+    else:
+        norm = float(torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+        ))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, lr
+
+
+def train_step(
+    model: Any, optimizer: Any, scheduler: Any, micro_batches: Sequence[dict], *,
+    grad_clip: float, autocast_dtype: Any = None,
+) -> StepResult:
+    """``accumulate_gradients`` then ``optimizer_step``. A step with no trained token anywhere
+    (possible only at the very end of the data) leaves the weights and the schedule alone."""
+    result = accumulate_gradients(model, micro_batches, autocast_dtype=autocast_dtype)
+    if result.trained_tokens == 0:
+        optimizer.zero_grad(set_to_none=True)
+        return result
+    norm, lr = optimizer_step(model, optimizer, scheduler, grad_clip=grad_clip)
+    return StepResult(loss=result.loss, trained_tokens=result.trained_tokens, grad_norm=norm, lr=lr)

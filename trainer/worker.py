@@ -1,0 +1,153 @@
+"""The per-worker training loop that Ray Train runs on every rank (``train_loop_per_worker``).
+
+Each step: take this rank's micro-batches of the step from the RowFeeder (the next step is
+already requested, so packing overlaps compute), complete short ones with padding rows,
+``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP).
+Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
+every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
+(rank 0 with the checkpoint). At the end rank 0 saves the model to ``<output>/final``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from packfeed.client.model_inputs import to_model_inputs
+from packfeed.service.arrow_rows import rows_from_arrow
+from packfeed.trainer.batches import fill_micro_batch, real_tokens
+from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
+from packfeed.trainer.config import RunConfig
+from packfeed.trainer.metrics import MetricsWindow, append_jsonl, peak_flops, progress_line
+from packfeed.trainer.model import build_model, flops_per_token
+from packfeed.trainer.optim import build_optimizer
+from packfeed.trainer.step import train_step
+
+logger = logging.getLogger(__name__)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """``config``: {"run": RunConfig.to_dict(), "feeder": actor handle, "output": str,
+    "resume_from": checkpoint dir or None, "pad_id": int, "vocab_size": int}."""
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
+    run = RunConfig.from_dict(config["run"])
+    train, seq_len = run.train, run.data.seq_len
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    if device.type == "cpu":
+        # Workers share the CPUs with the packing actors: one intra-op thread each.
+        torch.set_num_threads(max(1, int(run.scaling.cpus_per_worker)))
+    output = Path(config["output"])
+    feeder = config["feeder"]
+
+    model = build_model(run.model, vocab_size=config["vocab_size"], device=device, seed=train.seed)
+    optimizer, scheduler = build_optimizer(model, train)
+    step = 0
+    if config.get("resume_from"):
+        state = load_checkpoint(Path(config["resume_from"]), model=model, optimizer=optimizer, scheduler=scheduler)
+        step = int(state["step"])
+    ddp = ray.train.torch.prepare_model(model)
+    autocast = _autocast_dtype(train.precision, device)
+    fpt = flops_per_token(model, seq_len)
+    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    peak_total = peak * world if peak else None
+
+    pending = feeder.get_step.remote(rank, step)
+    window = MetricsWindow()
+    last = train.last_step
+    lr = float(optimizer.param_groups[0]["lr"])
+    reported = -1
+    while step < last:
+        wait_start = time.perf_counter()
+        tables = ray.get(pending)
+        wait = time.perf_counter() - wait_start
+        if tables is None:
+            # The stream ended: every rank sees it at the same step.
+            if window.steps:
+                _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
+                     device=device, flops_per_token=fpt, peak_total=peak_total)
+            break
+        if step + 1 < last:
+            pending = feeder.get_step.remote(rank, step + 1)
+        rows = [
+            fill_micro_batch(rows_from_arrow(t) if t is not None else None, train.micro_batch_rows, seq_len,
+                             config["pad_id"])
+            for t in tables
+        ]
+        micro = [to_model_inputs(r, device=device) for r in rows]
+        lr = float(optimizer.param_groups[0]["lr"])
+        result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast)
+        step += 1
+        window.add(loss=result.loss, real_tokens=sum(real_tokens(r) for r in rows),
+                   slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait)
+        if train.record_rows:
+            append_jsonl(output / "rows" / f"rank{rank}.jsonl", {
+                "step": step, "rank": rank, "loss": result.loss,
+                "sample_ids": [int(s) for r in rows for s in r.sample_ids if s >= 0],
+            })
+        final = step == last
+        if step % train.log_every == 0 or final:
+            _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
+                 device=device, flops_per_token=fpt, peak_total=peak_total)
+            window = MetricsWindow()
+        if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
+            _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=result.loss)
+            reported = step
+    if step and reported != step:
+        # The stream ended before the last step: checkpoint where the run stopped.
+        _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=float("nan"))
+    if rank == 0:
+        model.save_pretrained(output / "final")
+        (output / "final" / "packfeed_state.json").write_text(json.dumps({"step": step}))
+
+
+def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: Path, max_steps: int, device: Any,
+         flops_per_token: float, peak_total: float | None) -> None:
+    """Close a metrics interval on every rank (one all_reduce); rank 0 writes and prints it."""
+    import torch
+    import torch.distributed as dist
+
+    totals = torch.tensor([window.real_tokens, window.slots], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(totals)
+    record = window.close(step=step, lr=lr, world_totals=(int(totals[0]), int(totals[1])),
+                          flops_per_token=flops_per_token, peak_flops_total=peak_total)
+    if rank == 0:
+        append_jsonl(output / "metrics.jsonl", record)
+        logger.info(progress_line(record, max_steps))
+
+
+def _report(model: Any, optimizer: Any, scheduler: Any, feeder: Any, *, step: int, rank: int, run: RunConfig,
+            loss: float) -> None:
+    """ray.train.report on every rank (a collective); rank 0 attaches the checkpoint."""
+    import ray
+    import ray.train
+
+    metrics = {"step": step, "loss": loss}
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    state = {"step": step, "data_position": ray.get(feeder.position.remote(step - 1)), "config": run.to_dict()}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_checkpoint(Path(tmp), model=model, optimizer=optimizer, scheduler=scheduler, state=state)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                         checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+
+def _autocast_dtype(precision: str, device: Any) -> Any:
+    import torch
+
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        if device.type != "cuda":
+            raise ValueError("precision bf16 is for GPUs; on CPU use fp32 (or auto)")
+        return torch.bfloat16
+    return None
