@@ -36,7 +36,6 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    import torch.distributed as dist
 
     run = RunConfig.from_dict(config["run"])
     train, seq_len = run.train, run.data.seq_len

@@ -15,6 +15,8 @@ control below proves a leak is caught at that bound.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -24,9 +26,9 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.client.rows import IGNORE_INDEX, positions_from_seq_lens  # noqa: E402
 from packfeed.trainer.attention import VARLEN, select_attention  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from support import VOCAB, packed_batch, segments  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,12 +36,8 @@ pytestmark = [
 ]
 
 DEVICE = "cuda"
-VOCAB = 128
-PAD_ID = 0
 # head_dim 64: a size every flash kernel supports (flash-attn-4 does not take head_dim 16).
 SIZE = {"hidden_size": 256, "intermediate_size": 512}
-SEQ_LENS = [[1, 7, 16, 9, 15], [48], [20, 1, 11, 16], [5, 5, 5, 30, 3]]
-PADDED_ROWS = (2, 3)  # their last segment is padding
 BF16_TOL = 5e-2
 # Relative L2 error of all parameter gradients, bf16 autocast over fp32 weights. Measured on
 # CPU (llama, qwen3, gemma): 0.2% to 0.9% from rounding; 18% to 92% when samples leak.
@@ -52,32 +50,6 @@ def backend_or_skip(name: str) -> str:
         return select_attention(name, device=DEVICE)
     except RuntimeError as why:
         pytest.skip(str(why))
-
-
-def packed_batch(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(3, VOCAB, size=(len(SEQ_LENS), sum(SEQ_LENS[0])))
-    labels = ids.copy()
-    for r, lens in enumerate(SEQ_LENS):
-        starts = np.cumsum(lens) - lens
-        labels[r, starts] = IGNORE_INDEX
-        if r in PADDED_ROWS:
-            ids[r, starts[-1] :] = PAD_ID
-            labels[r, starts[-1] :] = IGNORE_INDEX
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "position_ids": np.stack([positions_from_seq_lens(lens) for lens in SEQ_LENS]),
-        "seq_lens": [np.asarray(lens) for lens in SEQ_LENS],
-    }
-
-
-def segments() -> list[tuple[int, int, int]]:
-    return [
-        (r, int(start), int(length))
-        for r, lens in enumerate(SEQ_LENS)
-        for start, length in zip(np.cumsum(lens) - lens, lens)
-    ]
 
 
 def alone(batch: dict, r: int, start: int, length: int) -> dict:
@@ -189,8 +161,6 @@ def test_auto_picks_a_flash_backend_on_cuda():
     name = select_attention("auto", device=DEVICE)
     assert name in (VARLEN, "flash_attention_2", "flash_attention_4", "sdpa")
     if torch.cuda.get_device_capability()[0] >= 8:
-        try:
-            import torch.nn.attention.varlen  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("torch.nn.attention.varlen") is None:
             return
         assert name != "sdpa", "torch ships varlen_attn on this SM80+ GPU, yet auto chose sdpa"

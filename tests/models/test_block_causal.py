@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import logging
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,17 +19,11 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.client.rows import IGNORE_INDEX, positions_from_seq_lens  # noqa: E402
 from packfeed.trainer import attention  # noqa: E402
 from packfeed.trainer.attention import VARLEN, register_varlen_attention, select_attention  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from support import PADDED_ROWS, SEQ_LENS, VOCAB, packed_batch, segments  # noqa: E402
 
-VOCAB = 128
-PAD_ID = 0
-# B=4 rows of L=48: samples of length 1, a sample filling a whole row, and padding tails
-# (the last segment of rows 2 and 3 is padding: pad ids, labels ignored, positions restarting).
-SEQ_LENS = [[1, 7, 16, 9, 15], [48], [20, 1, 11, 16], [5, 5, 5, 30, 3]]
-PADDED_ROWS = (2, 3)
 EQUAL_FP32 = 1e-4  # measured: <= 3.6e-7 on every family (gemma highest)
 CONTAMINATED = 1e-2  # measured: 0.45 (gemma) to 0.75 (olmo2)
 
@@ -42,34 +35,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def packed_batch(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    seq_len = sum(SEQ_LENS[0])
-    ids = rng.integers(3, VOCAB, size=(len(SEQ_LENS), seq_len))
-    labels = ids.copy()
-    for r, lens in enumerate(SEQ_LENS):
-        starts = np.cumsum(lens) - lens
-        labels[r, starts] = IGNORE_INDEX
-        if r in PADDED_ROWS:
-            ids[r, starts[-1] :] = PAD_ID
-            labels[r, starts[-1] :] = IGNORE_INDEX
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "position_ids": np.stack([positions_from_seq_lens(lens) for lens in SEQ_LENS]),
-        "seq_lens": [np.asarray(lens) for lens in SEQ_LENS],
-    }
-
-
-def segments() -> list[tuple[int, int, int]]:
-    """(row, start, length) of every segment, padding tails included."""
-    return [
-        (r, int(start), int(length))
-        for r, lens in enumerate(SEQ_LENS)
-        for start, length in zip(np.cumsum(lens) - lens, lens)
-    ]
 
 
 def build(family: str, *attns: str, **overrides) -> list:
