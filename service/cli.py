@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     config = data_config_from_args(args, load_config_file(args.config))
     writer = ParquetRowWriter(args.output, seq_len=config.seq_len, overwrite=args.overwrite)
     start = time.perf_counter()
-    init_ray(args.address)
+    print(init_ray(args.address), file=sys.stderr)
     ray_init_seconds = time.perf_counter() - start
     stream = PackedStream(config, scaling=Scaling(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker))
     print(f"packing {stream.num_samples:,} samples in {len(stream.windows)} windows "

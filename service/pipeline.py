@@ -46,25 +46,28 @@ logger = logging.getLogger(__name__)
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> str:
     """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
 
     Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
-    starts a fresh embedded Ray, never a stale cluster left by ``ray start``.
+    starts a fresh embedded Ray, never a stale cluster left by ``ray start``. Returns a line
+    saying which Ray is used, for the user.
     """
     if ray.is_initialized():
-        return
+        return "Ray: already initialised in this process"
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         ray.init(address=address, logging_level=logging.WARNING)
-        return
+        return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+    num_cpus = num_cpus or os.cpu_count() or 1
     ray.init(
         address="local",
-        num_cpus=num_cpus or os.cpu_count() or 1,
+        num_cpus=num_cpus,
         object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
         include_dashboard=False,
         logging_level=logging.WARNING,
     )
+    return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
 
 
 @ray.remote(num_cpus=0)

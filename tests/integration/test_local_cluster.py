@@ -1,0 +1,84 @@
+"""A real `ray start` cluster on 127.0.0.1, started and stopped by the deploy/local scripts.
+
+`packfeed pack --address` joins it instead of starting its own Ray, and a short training run
+submitted with `ray job submit` (deploy/local/submit.sh) succeeds and writes a model that
+loads with `from_pretrained`. Token authentication (on by default in Ray 2.60) is on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "deploy" / "local"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster_env():
+    # A short directory: Ray's unix socket paths must stay under ~107 characters.
+    ray_dir = tempfile.mkdtemp(prefix="pf-ray-", dir="/tmp")
+    env = {
+        **os.environ,
+        "PACKFEED_RAY_DIR": ray_dir,
+        "PACKFEED_RAY_PORT": str(_free_port()),
+        "PACKFEED_DASHBOARD_PORT": str(_free_port()),
+        "PACKFEED_NUM_CPUS": "2",
+    }
+    env.pop("RAY_ADDRESS", None)
+    try:
+        subprocess.run(["bash", str(LOCAL / "start.sh")], env=env, check=True, capture_output=True, timeout=180)
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN_PATH"] = f"{ray_dir}/auth_token"
+        yield env
+    finally:
+        subprocess.run(["bash", str(LOCAL / "stop.sh")], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_pack_joins_the_running_cluster(cluster_env, tmp_path):
+    address = f"127.0.0.1:{cluster_env['PACKFEED_RAY_PORT']}"
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "packfeed"), "pack", *demo_corpus_paths(), "--tokenizer", demo_tokenizer_path(),
+         "--seq-len", "512", "--output", str(tmp_path / "out"), "--address", address],
+        env=cluster_env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"joined the cluster at {address}" in proc.stderr
+    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert stats["samples_packed"] == stats["samples_read"] == 7500
+
+
+def test_ray_job_submit_trains_and_writes_the_model(cluster_env, tmp_path):
+    out = tmp_path / "job"
+    proc = subprocess.run(
+        ["bash", str(LOCAL / "submit.sh"), "--config", "examples/train_demo.toml", "--max-steps", "4",
+         "--output", str(out), "--overwrite"],
+        env=cluster_env, capture_output=True, text=True, timeout=500,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # Ray colours its CLI output
+    assert re.search(r"Job '[^']+' succeeded", log), log[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert model.config.vocab_size > 0
+    assert sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()) >= 1
