@@ -13,6 +13,7 @@ from packfeed.trainer.attention import (
     varlen_attention_forward,
 )
 from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
 from packfeed.trainer.model import build_model
 from packfeed.trainer.run import train
 from packfeed.trainer.step import accumulate_gradients, train_step
@@ -21,11 +22,13 @@ from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 __all__ = [
     "ATTENTION_CHOICES",
     "ModelConfig",
+    "PackedCollator",
     "RunConfig",
     "TrainConfig",
     "TrainScaling",
     "accumulate_gradients",
     "build_model",
+    "packed_hf_dataset",
     "train",
     "train_step",
     "TINY_FAMILIES",

@@ -1,0 +1,141 @@
+"""packfeed rows for Hugging Face ``transformers.Trainer`` and TRL's ``SFTTrainer``.
+
+Two adapters, no training logic:
+
+* ``PackedCollator()``: the trainers' ``data_collator``. A list of packed rows (dicts with the
+  row columns) -> exactly ``to_model_inputs``: block-causal on every attention back-end, no
+  ``attention_mask``, ``use_cache=False``.
+* ``packed_hf_dataset(source)``: packfeed output (a ``packfeed pack`` Parquet directory or a
+  Ray dataset of rows) as a ``datasets.Dataset``, one example per packed row, columns unchanged.
+  Nothing is re-tokenized or re-packed.
+
+With TRL 1.16 (checked in its source) the trainer must be told to leave the rows alone::
+
+    SFTConfig(
+        dataset_kwargs={"skip_prepare_dataset": True},  # no tokenizing, truncating or packing
+        remove_unused_columns=False,  # TRL keeps only input_ids/labels/seq_lengths otherwise
+        packing=False, padding_free=False,   # padding_free refuses a custom collator
+        bf16=False,                          # SFTConfig's default is bf16=True; CPU tests use fp32
+    )
+    SFTTrainer(model, args=config, train_dataset=packed_hf_dataset(out_dir),
+               data_collator=PackedCollator(), processing_class=tokenizer)
+
+Loss: both trainers divide the step's summed token losses by ``num_items_in_batch``, the count
+of ``labels[:, 1:] != -100`` over every gradient-accumulation micro-batch (and over ranks with
+``average_tokens_across_devices``, its default): the same token mean over the whole optimizer
+step as ``packfeed.trainer.step`` (tests/models/test_hf_trl.py checks the first step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from packfeed.client.model_inputs import TOKEN_KEYS, to_model_inputs
+
+__all__ = ["PackedCollator", "packed_hf_dataset"]
+
+
+class PackedCollator:
+    """``data_collator`` for ``transformers.Trainer`` / TRL ``SFTTrainer`` on packed rows.
+
+    ``collator(examples)``: ``examples`` are B packed rows of one length L, each a mapping with
+    ``input_ids``, ``labels``, ``position_ids`` (lists or arrays of L ints) and, when present,
+    ``seq_lens``; other columns (``sample_ids``, ``row_index``, ``window``) are ignored. Returns
+    ``to_model_inputs`` of those rows: int64 [B, L] ``input_ids``/``labels``/``position_ids``,
+    int32 global ``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``, ``use_cache=False``, no
+    ``attention_mask``. Tensors stay on the CPU: the trainer moves them.
+
+    Raises ValueError for an empty batch, a missing column (usually ``remove_unused_columns``
+    left at True, which drops ``position_ids`` and ``seq_lens``), rows of different lengths or
+    rows that break the row convention.
+
+    Cost: O(B*L) numpy per batch; Python lists (the ``datasets`` default format) are converted
+    row by row, ``dataset.with_format("numpy")`` skips that.
+    """
+
+    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict:
+        if not examples:
+            raise ValueError("PackedCollator got an empty batch")
+        missing = [key for key in TOKEN_KEYS if key not in examples[0]]
+        if missing:
+            raise ValueError(
+                f"packed rows lack the column(s) {missing}: pass remove_unused_columns=False to the "
+                "TrainingArguments/SFTConfig so the trainer keeps position_ids and seq_lens"
+            )
+        batch = {key: [example[key] for example in examples] for key in TOKEN_KEYS}
+        if all("seq_lens" in example for example in examples):
+            batch["seq_lens"] = [example["seq_lens"] for example in examples]
+        return to_model_inputs(batch)
+
+    def __repr__(self) -> str:
+        return "PackedCollator()"
+
+
+def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> Any:
+    """packfeed's packed rows as a ``datasets.Dataset``: one example per row, in stream order.
+
+    ``source``:
+
+    * a ``packfeed pack`` output directory (str or path): its ``part-*.parquet`` files, in
+      name order, through ``Dataset.from_parquet``. Columns and Arrow types stay those of
+      ``ROW_SCHEMA`` (int32 token lists, int32 ``seq_lens``, int64 ``sample_ids`` and
+      ``row_index``). Cost: one decode into ``datasets``' Arrow cache (``cache_dir``, else
+      ``HF_DATASETS_CACHE``), then memory-mapped: RAM stays small whatever the output size.
+      Raises FileNotFoundError without part files, ValueError without ``stats.json`` (the
+      pack run did not finish: its rows are incomplete).
+    * a ``ray.data.Dataset`` of rows (``PackedStream(config).dataset``, or
+      ``ray.data.read_parquet`` of an output directory): its blocks, in the dataset's order
+      (keep ``DataContext.execution_options.preserve_order``, ``PackedStream`` sets it), with
+      every column it has kept as is (``PackedStream`` adds ``window``, and its ``row_index``
+      counts within each window). Ray 2.60 has no ``Dataset.to_huggingface``; the blocks are
+      pulled with ``iter_batches(batch_format="pyarrow")`` and held in memory (the whole
+      dataset on the driver: for large streams write Parquet with ``packfeed pack`` first).
+    """
+    if isinstance(source, (str, Path)):
+        return _from_parquet_dir(Path(source), cache_dir=cache_dir)
+    if _is_ray_dataset(source):
+        return _from_ray(source)
+    raise TypeError(
+        f"packed_hf_dataset takes a packfeed output directory or a ray.data.Dataset, got {type(source).__name__}"
+    )
+
+
+def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
+    import datasets
+    from packfeed.service.arrow_rows import ROW_SCHEMA
+
+    files = sorted(path.glob("part-*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{path} holds no part-*.parquet files: is it a `packfeed pack --output` directory?")
+    if not (path / "stats.json").exists():
+        raise ValueError(f"{path} has no stats.json: the pack run did not finish, its rows are incomplete")
+    return datasets.Dataset.from_parquet(
+        [str(f) for f in files],
+        features=datasets.Features.from_arrow_schema(ROW_SCHEMA),
+        cache_dir=None if cache_dir is None else str(cache_dir),
+        split="train",
+    )
+
+
+def _is_ray_dataset(source: Any) -> bool:
+    try:
+        import ray.data
+    except ImportError:
+        return False
+    return isinstance(source, ray.data.Dataset)
+
+
+def _from_ray(dataset: Any) -> Any:
+    import datasets
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+    from packfeed.service.arrow_rows import ROW_SCHEMA
+
+    tables = [t for t in dataset.iter_batches(batch_size=None, batch_format="pyarrow") if t.num_rows]
+    table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
+    missing = [name for name in ROW_SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise ValueError(f"the Ray dataset lacks the row column(s) {missing}: is it packfeed's packed stream?")
+    return datasets.Dataset(InMemoryTable(table.combine_chunks()))
