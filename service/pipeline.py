@@ -46,12 +46,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> str:
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:
     """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
 
     Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
-    starts a fresh embedded Ray, never a stale cluster left by ``ray start``. Returns a line
-    saying which Ray is used, for the user.
+    starts a fresh embedded Ray, never a stale cluster left by ``ray start``. ``dashboard``
+    starts Ray's dashboard on 127.0.0.1 with the embedded Ray: Ray Train needs its State API
+    (without it Ray Train's placement-group cleaner warns every second); packing alone does
+    not, and starts faster without. Returns a line saying which Ray is used, for the user.
     """
     if ray.is_initialized():
         return "Ray: already initialised in this process"
@@ -64,7 +66,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> str:
         address="local",
         num_cpus=num_cpus,
         object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
-        include_dashboard=False,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
         logging_level=logging.WARNING,
     )
     return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"

@@ -55,7 +55,7 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
 
-    init_ray(address)
+    print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
     tokenizer = SampleTokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
     use_gpu = run.scaling.use_gpu == "yes" or (
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
