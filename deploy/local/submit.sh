@@ -15,6 +15,19 @@ print(json.dumps({
 }))
 PY
 )
-exec ray job submit --address "$PACKFEED_JOB_ADDRESS" --working-dir . --runtime-env-json "$RUNTIME_ENV" \
-    ${PACKFEED_JOB_ID:+--submission-id "$PACKFEED_JOB_ID"} ${PACKFEED_NO_WAIT:+--no-wait} \
-    -- packfeed train "$@"
+# Right after `ray start` (longer on a busy machine) the head may not have found its job agent
+# yet and answers "No available agent to submit job, please try again later" before creating
+# any job: retry that answer, and only that one.
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+for attempt in 1 2 3 4 5 6; do
+    if ray job submit --address "$PACKFEED_JOB_ADDRESS" --working-dir . --runtime-env-json "$RUNTIME_ENV" \
+        ${PACKFEED_JOB_ID:+--submission-id "$PACKFEED_JOB_ID"} ${PACKFEED_NO_WAIT:+--no-wait} \
+        -- packfeed train "$@" 2>&1 | tee "$LOG"; then
+        exit 0
+    fi
+    grep -q "No available agent to submit job" "$LOG" || exit 1
+    echo "job agent not ready yet (attempt $attempt); retrying in 10 s" >&2
+    sleep 10
+done
+exit 1
