@@ -1,0 +1,183 @@
+"""Which global rows each consumer gets: pure row assignment for the packed stream.
+
+Contract (shared/DESIGN.md, "Delivery, determinism, resume"): the stream is a sequence of rows
+with global indices 0, 1, 2, ... A consumer asks for (rank k, world size N, B rows per batch,
+cursor c). Step s covers the N*B global rows [c + s*N*B, c + (s+1)*N*B); rank k gets the B of
+them with index % N == k, in increasing order. So within a world size the ranks are disjoint,
+get B rows each per step, and together get every row of the step exactly once. The cursor after
+step s is c + (s+1)*N*B, capped at the stream length T: pass it back to resume exactly after
+that step, with the same or any other (N, B), since the next step starts at the cursor.
+
+The last step may run past T: those slots are filled with flagged all-padding rows (labels all
+IGNORE_INDEX, one segment with sample id PAD_SAMPLE_ID) so every rank gets the same number of
+steps, ceil((T - c) / (N*B)), and nobody waits for a batch that never comes. A padding row
+keeps the index it would have had (>= T), so indices stay unique.
+
+Worked example, N=2, B=3, c=0, T=9: step 0 covers rows 0..5 (rank 0: 0 2 4, rank 1: 1 3 5),
+cursor 6; step 1 covers 6..11 (rank 0: 6 8 + one padding row, rank 1: 7 + two padding
+rows), cursor 9 == T, the end. Resuming at cursor 6 with N=3, B=1: rank 0 gets 6, rank 1 7,
+rank 2 8: exactly the rows not yet delivered.
+
+Imports only the standard library, numpy and packfeed.client: no gRPC, no Ray. Cost: O(1) per
+step for the index ranges, O(B*L) to build padding rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
+
+
+class CursorOutOfRange(ValueError):
+    """The cursor is past the end of the stream (gRPC OUT_OF_RANGE)."""
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The rows one rank receives at one step.
+
+    ``rows``: the real global row indices, a strided range (step world_size).
+    ``num_padding``: all-padding rows that follow them to make ``batch_rows``.
+    ``cursor``: rows of the global stream consumed after this step (the resume point).
+    """
+
+    step: int
+    rows: range
+    num_padding: int
+    cursor: int
+
+    @property
+    def indices(self) -> np.ndarray:
+        """int64 [B]: all row indices of the batch, padding rows continuing the stride past T."""
+        b = len(self.rows) + self.num_padding
+        return self.rows.start + self.rows.step * np.arange(b, dtype=np.int64)
+
+    @property
+    def padding_mask(self) -> np.ndarray:
+        """bool [B]: True for the all-padding rows (always at the end of the batch)."""
+        mask = np.zeros(len(self.rows) + self.num_padding, dtype=bool)
+        mask[len(self.rows) :] = True
+        return mask
+
+
+def check_request(
+    rank: int, world_size: int, batch_rows: int, cursor: int, total_rows: int | None = None
+) -> None:
+    """Raise ValueError (CursorOutOfRange for a cursor past the end) unless the request is valid."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    if cursor < 0:
+        raise ValueError(f"cursor must be >= 0, got {cursor}")
+    if total_rows is not None and cursor > total_rows:
+        raise CursorOutOfRange(
+            f"cursor {cursor} is past the end of the stream ({total_rows} rows): "
+            "was it saved from a run over another data config?"
+        )
+
+
+def num_steps(world_size: int, batch_rows: int, cursor: int, total_rows: int) -> int:
+    """Steps every rank gets from ``cursor`` to the end: ceil((total_rows - cursor) / (N*B))."""
+    check_request(0, world_size, batch_rows, cursor, total_rows)
+    per_step = world_size * batch_rows
+    return -(-(total_rows - cursor) // per_step)
+
+
+def step_rows(
+    rank: int, world_size: int, batch_rows: int, cursor: int, step: int, total_rows: int | None = None
+) -> StepRows:
+    """The rows of ``rank`` at ``step`` (0-based, counted from ``cursor``).
+
+    ``total_rows`` None: the stream length is not known yet, no padding. Does not check that
+    ``step`` < num_steps: a step entirely past the end is all padding.
+    """
+    check_request(rank, world_size, batch_rows, cursor, total_rows)
+    start = cursor + step * world_size * batch_rows
+    end = start + world_size * batch_rows
+    first = start + (rank - start) % world_size
+    stop = end if total_rows is None else max(min(end, total_rows), first)
+    rows = range(first, stop, world_size)
+    after = end if total_rows is None else min(end, total_rows)
+    return StepRows(step=step, rows=rows, num_padding=batch_rows - len(rows), cursor=after)
+
+
+def rows_for(
+    rank: int, world_size: int, batch_rows: int, cursor: int, total_rows: int | None = None
+) -> Iterator[StepRows]:
+    """Every step of ``rank`` from ``cursor`` to the end (forever when total_rows is None)."""
+    check_request(rank, world_size, batch_rows, cursor, total_rows)
+    step = 0
+    while total_rows is None or step < num_steps(world_size, batch_rows, cursor, total_rows):
+        yield step_rows(rank, world_size, batch_rows, cursor, step, total_rows)
+        step += 1
+
+
+def padding_rows(
+    num_rows: int, seq_len: int, pad_id: int, row_index: Sequence[int] | np.ndarray | None = None
+) -> PackedRows:
+    """``num_rows`` all-padding rows: ids pad_id, labels IGNORE_INDEX, positions 0..L-1, one
+    segment of length L with sample id PAD_SAMPLE_ID. They pass ``check_rows`` and train nothing.
+    ``row_index`` defaults to -1 for every row.
+    """
+    if seq_len < 1 or num_rows < 0:
+        raise ValueError(f"need seq_len >= 1 and num_rows >= 0, got {seq_len}, {num_rows}")
+    shape = (num_rows, seq_len)
+    index = np.full(num_rows, -1, np.int64) if row_index is None else np.asarray(row_index, dtype=np.int64)
+    if index.shape != (num_rows,):
+        raise ValueError(f"row_index must have {num_rows} entries, got {index.shape}")
+    return PackedRows(
+        input_ids=np.full(shape, pad_id, dtype=np.int32),
+        labels=np.full(shape, IGNORE_INDEX, dtype=np.int32),
+        position_ids=np.broadcast_to(np.arange(seq_len, dtype=np.int32), shape).copy(),
+        seq_lens=np.full(num_rows, seq_len, dtype=np.int32),
+        sample_ids=np.full(num_rows, PAD_SAMPLE_ID, dtype=np.int64),
+        segment_splits=np.arange(num_rows + 1, dtype=np.int64),
+        row_index=index,
+    )
+
+
+def padding_row(seq_len: int, pad_id: int, *, row_index: int = -1) -> PackedRows:
+    """One all-padding row (see ``padding_rows``)."""
+    return padding_rows(1, seq_len, pad_id, [row_index])
+
+
+def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
+    """Rows of ``parts`` one after the other (same seq_len). Cost: one copy of every column."""
+    if not parts:
+        raise ValueError("concat_rows needs at least one PackedRows")
+    if len({p.seq_len for p in parts}) != 1:
+        raise ValueError(f"all parts must have the same seq_len, got {[p.seq_len for p in parts]}")
+    offsets = np.cumsum([0] + [len(p.seq_lens) for p in parts[:-1]])
+    splits = [parts[0].segment_splits[:1]] + [p.segment_splits[1:] + off for p, off in zip(parts, offsets)]
+    return PackedRows(
+        input_ids=np.concatenate([p.input_ids for p in parts]),
+        labels=np.concatenate([p.labels for p in parts]),
+        position_ids=np.concatenate([p.position_ids for p in parts]),
+        seq_lens=np.concatenate([p.seq_lens for p in parts]),
+        sample_ids=np.concatenate([p.sample_ids for p in parts]),
+        segment_splits=np.concatenate(splits).astype(np.int64),
+        row_index=np.concatenate([p.row_index for p in parts]),
+    )
+
+
+def fill_batch(
+    real: PackedRows | None, assignment: StepRows, seq_len: int, pad_id: int
+) -> tuple[PackedRows, np.ndarray]:
+    """The batch for ``assignment``: its real rows (``real``, in assignment order; None when it
+    has none) followed by its padding rows. Returns (rows, padding mask bool [B]).
+    """
+    n_real = len(assignment.rows)
+    got = 0 if real is None else real.num_rows
+    if got != n_real:
+        raise ValueError(f"step {assignment.step} has {n_real} real rows, got {got}")
+    if assignment.num_padding == 0:
+        return real, assignment.padding_mask
+    pad = padding_rows(assignment.num_padding, seq_len, pad_id, assignment.indices[n_real:])
+    rows = pad if real is None else concat_rows([real, pad])
+    return rows, assignment.padding_mask
