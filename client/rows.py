@@ -33,7 +33,7 @@ read them with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -145,6 +145,25 @@ class PackedRows:
                 else np.arange(ids.shape[0], dtype=np.int64)
             ),
         )
+
+
+def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
+    """Rows of ``parts`` one after the other (same seq_len). Cost: one copy of every column."""
+    if not parts:
+        raise ValueError("concat_rows needs at least one PackedRows")
+    if len({p.seq_len for p in parts}) != 1:
+        raise ValueError(f"all parts must have the same seq_len, got {[p.seq_len for p in parts]}")
+    offsets = np.cumsum([0] + [len(p.seq_lens) for p in parts[:-1]])
+    splits = [parts[0].segment_splits[:1]] + [p.segment_splits[1:] + off for p, off in zip(parts, offsets)]
+    return PackedRows(
+        input_ids=np.concatenate([p.input_ids for p in parts]),
+        labels=np.concatenate([p.labels for p in parts]),
+        position_ids=np.concatenate([p.position_ids for p in parts]),
+        seq_lens=np.concatenate([p.seq_lens for p in parts]),
+        sample_ids=np.concatenate([p.sample_ids for p in parts]),
+        segment_splits=np.concatenate(splits).astype(np.int64),
+        row_index=np.concatenate([p.row_index for p in parts]),
+    )
 
 
 def _stack(column: object) -> np.ndarray:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, concat_rows
 
 
 class CursorOutOfRange(ValueError):
@@ -145,25 +145,6 @@ def padding_rows(
 def padding_row(seq_len: int, pad_id: int, *, row_index: int = -1) -> PackedRows:
     """One all-padding row (see ``padding_rows``)."""
     return padding_rows(1, seq_len, pad_id, [row_index])
-
-
-def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
-    """Rows of ``parts`` one after the other (same seq_len). Cost: one copy of every column."""
-    if not parts:
-        raise ValueError("concat_rows needs at least one PackedRows")
-    if len({p.seq_len for p in parts}) != 1:
-        raise ValueError(f"all parts must have the same seq_len, got {[p.seq_len for p in parts]}")
-    offsets = np.cumsum([0] + [len(p.seq_lens) for p in parts[:-1]])
-    splits = [parts[0].segment_splits[:1]] + [p.segment_splits[1:] + off for p, off in zip(parts, offsets)]
-    return PackedRows(
-        input_ids=np.concatenate([p.input_ids for p in parts]),
-        labels=np.concatenate([p.labels for p in parts]),
-        position_ids=np.concatenate([p.position_ids for p in parts]),
-        seq_lens=np.concatenate([p.seq_lens for p in parts]),
-        sample_ids=np.concatenate([p.sample_ids for p in parts]),
-        segment_splits=np.concatenate(splits).astype(np.int64),
-        row_index=np.concatenate([p.row_index for p in parts]),
-    )
 
 
 def fill_batch(

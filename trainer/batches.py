@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, concat_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,26 +55,6 @@ def padding_rows(num_rows: int, seq_len: int, pad_id: int) -> PackedRows:
         sample_ids=np.full(num_rows, PAD_SAMPLE_ID, dtype=np.int64),
         segment_splits=np.arange(num_rows + 1, dtype=np.int64),
         row_index=np.full(num_rows, -1, dtype=np.int64),
-    )
-
-
-def concat_rows(parts: list[PackedRows]) -> PackedRows:
-    """Rows of ``parts`` one after the other (same seq_len)."""
-    if len(parts) == 1:
-        return parts[0]
-    splits = [np.zeros(1, dtype=np.int64)]
-    offset = 0
-    for part in parts:
-        splits.append(part.segment_splits[1:] + offset)
-        offset += int(part.segment_splits[-1])
-    return PackedRows(
-        input_ids=np.concatenate([p.input_ids for p in parts]),
-        labels=np.concatenate([p.labels for p in parts]),
-        position_ids=np.concatenate([p.position_ids for p in parts]),
-        seq_lens=np.concatenate([p.seq_lens for p in parts]),
-        sample_ids=np.concatenate([p.sample_ids for p in parts]),
-        segment_splits=np.concatenate(splits),
-        row_index=np.concatenate([p.row_index for p in parts]),
     )
 
 

@@ -28,15 +28,6 @@ EQUAL_FP32 = 1e-4  # measured: <= 3.6e-7 on every family (gemma highest)
 CONTAMINATED = 1e-2  # measured: 0.45 (gemma) to 0.75 (olmo2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy 2-core box they cost 3x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def build(family: str, *attns: str, **overrides) -> list:
     """One tiny model per attention back-end, all with the same random weights."""
     torch.manual_seed(0)

@@ -38,15 +38,6 @@ WINDOW_SAMPLES = 48
 EQUAL_LOSS = 1e-5  # measured: 4.5e-7 (fp32 sums in another order; loss ~7.3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy 2-core box they cost 3x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
