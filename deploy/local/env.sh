@@ -6,6 +6,9 @@ export PATH="$REPO/.venv/bin:$PATH"
 export PACKFEED_RAY_DIR="${PACKFEED_RAY_DIR:-/tmp/packfeed-ray}"
 export PACKFEED_RAY_PORT="${PACKFEED_RAY_PORT:-6390}"
 export PACKFEED_DASHBOARD_PORT="${PACKFEED_DASHBOARD_PORT:-8290}"
+# The job agent's HTTP port (Ray's default, 52365, is taken by any other Ray on this machine,
+# an embedded one included, and then `ray job submit` finds no agent).
+export PACKFEED_AGENT_PORT="${PACKFEED_AGENT_PORT:-52390}"
 export PACKFEED_NUM_CPUS="${PACKFEED_NUM_CPUS:-$(nproc)}"
 export PACKFEED_OBJECT_STORE_BYTES="${PACKFEED_OBJECT_STORE_BYTES:-1000000000}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"

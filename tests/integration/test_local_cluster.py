@@ -2,7 +2,8 @@
 
 `packfeed pack --address` joins it instead of starting its own Ray, and a short training run
 submitted with `ray job submit` (deploy/local/submit.sh) succeeds and writes a model that
-loads with `from_pretrained`. Token authentication (on by default in Ray 2.60) is on.
+loads with `from_pretrained`. Token authentication (on by default in Ray 2.60) is on. Another
+Ray (the session's embedded one) runs on this machine at the same time, as on a shared box.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def cluster_env():
         "PACKFEED_RAY_DIR": ray_dir,
         "PACKFEED_RAY_PORT": str(_free_port()),
         "PACKFEED_DASHBOARD_PORT": str(_free_port()),
+        "PACKFEED_AGENT_PORT": str(_free_port()),
         "PACKFEED_NUM_CPUS": "2",
     }
     env.pop("RAY_ADDRESS", None)
