@@ -13,6 +13,7 @@ from packfeed.client.rows import (
     check_rows,
     concat_rows,
     cu_seqlens,
+    padding_rows,
     positions_from_seq_lens,
     seq_lens_from_positions,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "check_rows",
     "concat_rows",
     "cu_seqlens",
+    "padding_rows",
     "positions_from_seq_lens",
     "seq_lens_from_positions",
     "num_trained_tokens",

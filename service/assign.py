@@ -25,10 +25,10 @@ step for the index ranges, O(B*L) to build padding rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, concat_rows
+from packfeed.client.rows import PackedRows, concat_rows, padding_rows
 
 
 class CursorOutOfRange(ValueError):
@@ -116,30 +116,6 @@ def rows_for(
     while total_rows is None or step < num_steps(world_size, batch_rows, cursor, total_rows):
         yield step_rows(rank, world_size, batch_rows, cursor, step, total_rows)
         step += 1
-
-
-def padding_rows(
-    num_rows: int, seq_len: int, pad_id: int, row_index: Sequence[int] | np.ndarray | None = None
-) -> PackedRows:
-    """``num_rows`` all-padding rows: ids pad_id, labels IGNORE_INDEX, positions 0..L-1, one
-    segment of length L with sample id PAD_SAMPLE_ID. They pass ``check_rows`` and train nothing.
-    ``row_index`` defaults to -1 for every row.
-    """
-    if seq_len < 1 or num_rows < 0:
-        raise ValueError(f"need seq_len >= 1 and num_rows >= 0, got {seq_len}, {num_rows}")
-    shape = (num_rows, seq_len)
-    index = np.full(num_rows, -1, np.int64) if row_index is None else np.asarray(row_index, dtype=np.int64)
-    if index.shape != (num_rows,):
-        raise ValueError(f"row_index must have {num_rows} entries, got {index.shape}")
-    return PackedRows(
-        input_ids=np.full(shape, pad_id, dtype=np.int32),
-        labels=np.full(shape, IGNORE_INDEX, dtype=np.int32),
-        position_ids=np.broadcast_to(np.arange(seq_len, dtype=np.int32), shape).copy(),
-        seq_lens=np.full(num_rows, seq_len, dtype=np.int32),
-        sample_ids=np.full(num_rows, PAD_SAMPLE_ID, dtype=np.int64),
-        segment_splits=np.arange(num_rows + 1, dtype=np.int64),
-        row_index=index,
-    )
 
 
 def padding_row(seq_len: int, pad_id: int, *, row_index: int = -1) -> PackedRows:

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             if first_row_seconds is None:
                 first_row_seconds = time.perf_counter() - start
             rows_written += rows.num_rows
-            tokens += int(rows.seq_lens[rows.sample_ids >= 0].sum())
+            tokens += rows.num_real_tokens
             timeline.append((time.perf_counter() - start, tokens))
             bar.update(stream.samples_started - bar.n)
             bar.set_postfix(rows=rows_written, fill=f"{tokens / max(1, rows_written * config.seq_len):.1%}")

@@ -58,7 +58,7 @@ def process_window(
         split=len(packing.split),
         dropped=len(packing.dropped),
         rows=rows.num_rows,
-        tokens=int(rows.seq_lens[rows.sample_ids >= 0].sum()),
+        tokens=rows.num_real_tokens,
         trained_tokens=int((rows.labels != IGNORE_INDEX).sum()),
         windows=1,
     )

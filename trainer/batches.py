@@ -19,9 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, concat_rows
+from packfeed.client.rows import PackedRows, concat_rows, padding_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,19 +43,6 @@ class StepLayout:
         return slice(start, start + self.micro_rows)
 
 
-def padding_rows(num_rows: int, seq_len: int, pad_id: int) -> PackedRows:
-    """``num_rows`` rows of padding only: nothing trained, one padding segment each."""
-    return PackedRows(
-        input_ids=np.full((num_rows, seq_len), pad_id, dtype=np.int32),
-        labels=np.full((num_rows, seq_len), IGNORE_INDEX, dtype=np.int32),
-        position_ids=np.tile(np.arange(seq_len, dtype=np.int32), (num_rows, 1)),
-        seq_lens=np.full(num_rows, seq_len, dtype=np.int32),
-        sample_ids=np.full(num_rows, PAD_SAMPLE_ID, dtype=np.int64),
-        segment_splits=np.arange(num_rows + 1, dtype=np.int64),
-        row_index=np.full(num_rows, -1, dtype=np.int64),
-    )
-
-
 def fill_micro_batch(rows: PackedRows | None, micro_rows: int, seq_len: int, pad_id: int) -> PackedRows:
     """``rows`` completed to exactly ``micro_rows`` rows with padding rows."""
     have = 0 if rows is None else rows.num_rows
@@ -67,8 +52,3 @@ def fill_micro_batch(rows: PackedRows | None, micro_rows: int, seq_len: int, pad
         return rows
     pad = padding_rows(micro_rows - have, seq_len, pad_id)
     return pad if rows is None or have == 0 else concat_rows([rows, pad])
-
-
-def real_tokens(rows: PackedRows) -> int:
-    """Tokens of real samples (padding segments excluded)."""
-    return int(rows.seq_lens[rows.sample_ids != PAD_SAMPLE_ID].sum())

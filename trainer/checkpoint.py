@@ -36,7 +36,12 @@ def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: A
     import torch
     from safetensors.torch import load_file
 
-    weights = load_file(str(directory / "model" / "model.safetensors"))
+    # save_pretrained writes one model.safetensors, or shards listed in an index for large models.
+    index = directory / "model" / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(load_file(str(directory / "model" / name)))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # Tied embeddings are saved once; anything else missing is an error.
     missing = [k for k in missing if not k.endswith("lm_head.weight")]

@@ -40,11 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--overwrite", action="store_true", help="discard a previous run in --output")
 
 
-def run_config_from_args(args: argparse.Namespace):
-    """RunConfig from the config file overridden by the flags given."""
+def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
+    """RunConfig from the config file (``base``, read from --config when None) overridden by
+    the flags given."""
     from packfeed.trainer.config import RunConfig
 
-    base = load_config_file(args.config)
+    base = load_config_file(args.config) if base is None else base
     unknown = sorted(set(base) - {"data", "model", "train", "scaling", "output"})
     if unknown:
         raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling]")
@@ -73,7 +74,8 @@ def run_config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from packfeed.trainer.run import train
 
-    config = run_config_from_args(args)
-    output = args.output or Path(load_config_file(args.config).get("output", {}).get("dir", "runs/train"))
+    base = load_config_file(args.config)
+    config = run_config_from_args(args, base)
+    output = args.output or Path(base.get("output", {}).get("dir", "runs/train"))
     train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
     return 0

@@ -163,7 +163,7 @@ class RowFeeder:
         plan = self._steps[step]
         self._served[step].add(rank)
         if len(self._served[step]) == self.layout.world_size:
-            del self._steps[step]
+            del self._steps[step], self._served[step]
         if plan is None:
             return None
         return [t if t is not None and t.num_rows else None for t in plan[rank]]

@@ -11,7 +11,7 @@ into one record (rank 0 writes it). Figures, each over the interval since the la
 - ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
   against the GPU's dense bf16 peak), None on CPU or an unknown GPU.
 
-Cost: one all_reduce of 3 numbers per interval, O(1) per step otherwise.
+Cost: one all_reduce of 2 numbers per interval, O(1) per step otherwise.
 """
 
 from __future__ import annotations

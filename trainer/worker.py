@@ -19,7 +19,7 @@ from typing import Any
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.service.arrow_rows import rows_from_arrow
-from packfeed.trainer.batches import fill_micro_batch, real_tokens
+from packfeed.trainer.batches import fill_micro_batch
 from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, peak_flops, progress_line
@@ -86,7 +86,7 @@ def train_loop_per_worker(config: dict) -> None:
         lr = float(optimizer.param_groups[0]["lr"])
         result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast)
         step += 1
-        window.add(loss=result.loss, real_tokens=sum(real_tokens(r) for r in rows),
+        window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
                    slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait)
         if train.record_rows:
             append_jsonl(output / "rows" / f"rank{rank}.jsonl", {

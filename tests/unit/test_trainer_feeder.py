@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, padding_rows
 from packfeed.service.config import DataConfig
-from packfeed.trainer.batches import StepLayout, fill_micro_batch, padding_rows, real_tokens
+from packfeed.trainer.batches import StepLayout, fill_micro_batch
 from packfeed.trainer.feeder import RowFeeder
 
 DATA = DataConfig(inputs=("unused.jsonl",), tokenizer="unused", seq_len=4)
@@ -89,6 +89,6 @@ def test_short_micro_batches_are_completed_with_padding():
     assert pad.seq_lens.tolist() == [6, 6] and pad.sample_ids.tolist() == [PAD_SAMPLE_ID] * 2
     filled = fill_micro_batch(padding_rows(1, 6, 0), 3, 6, 0)
     assert filled.num_rows == 3 and filled.segment_splits.tolist() == [0, 1, 2, 3]
-    assert real_tokens(filled) == 0
+    assert filled.num_real_tokens == 0
     with pytest.raises(ValueError, match="micro-batch holds 1 rows"):
         fill_micro_batch(pad, 1, 6, 0)
