@@ -195,6 +195,31 @@ def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
     )
 
 
+def select_rows(rows: PackedRows, positions: Sequence[int] | np.ndarray | range) -> PackedRows:
+    """The rows at ``positions`` (0-based, in that order) as a new PackedRows.
+
+    Cost: one gather of each token column (O(len(positions) * L)) and of the segments.
+    """
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+    if len(pos) and (pos.min() < 0 or pos.max() >= rows.num_rows):
+        raise IndexError(f"row positions must be in [0, {rows.num_rows}), got {pos.min()}..{pos.max()}")
+    first, last = rows.segment_splits[pos], rows.segment_splits[pos + 1]
+    counts = last - first
+    splits = np.zeros(len(pos) + 1, dtype=np.int64)
+    np.cumsum(counts, out=splits[1:])
+    # Segment k of the selection is segment first[row] + (k - splits[row]) of the source.
+    segments = np.arange(splits[-1], dtype=np.int64) + np.repeat(first - splits[:-1], counts)
+    return PackedRows(
+        input_ids=rows.input_ids[pos],
+        labels=rows.labels[pos],
+        position_ids=rows.position_ids[pos],
+        seq_lens=rows.seq_lens[segments],
+        sample_ids=rows.sample_ids[segments],
+        segment_splits=splits,
+        row_index=rows.row_index[pos],
+    )
+
+
 def _stack(column: object) -> np.ndarray:
     if isinstance(column, np.ndarray) and column.dtype != object:
         return column

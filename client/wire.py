@@ -46,11 +46,13 @@ PackedBatch = packfeed_pb2.PackedBatch
 
 
 class DecodedBatch(NamedTuple):
-    """A decoded PackedBatch: the rows, which of them are all-padding fillers, the cursor after."""
+    """A decoded PackedBatch: the rows, which of them are all-padding fillers, the cursor after
+    and the step number (counted from the request's cursor)."""
 
     rows: PackedRows
     padding_rows: np.ndarray  # bool [B], read-only view
     cursor: int
+    step: int = 0
 
 
 def _le_bytes(array: np.ndarray, dtype: np.dtype) -> bytes:
@@ -107,7 +109,7 @@ def _view(field: str, data, dtype: np.dtype, count: int) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
-def _decode(num_rows: int, seq_len: int, cursor: int, field: Callable[[str], object]) -> DecodedBatch:
+def _decode(num_rows: int, seq_len: int, cursor: int, step: int, field: Callable[[str], object]) -> DecodedBatch:
     b, n = num_rows, num_rows * seq_len
     splits = _view("segment_splits", field("segment_splits"), I8, b + 1)
     seq_lens_bytes = field("seq_lens")
@@ -129,17 +131,19 @@ def _decode(num_rows: int, seq_len: int, cursor: int, field: Callable[[str], obj
         segment_splits=splits,
         row_index=_view("row_index", field("row_index"), I8, b),
     )
-    return DecodedBatch(rows=rows, padding_rows=padding.view(np.bool_), cursor=int(cursor))
+    return DecodedBatch(rows=rows, padding_rows=padding.view(np.bool_), cursor=int(cursor), step=int(step))
 
 
 def decode_batch(msg: PackedBatch) -> DecodedBatch:
-    """Views over a PackedBatch's bytes: ``(rows, padding_rows, cursor)``, without copying.
+    """Views over a PackedBatch's bytes: ``(rows, padding_rows, cursor, step)``, without copying.
 
     The arrays are read-only views (see the module docstring). Raises ValueError when a field's
     size does not match num_rows/seq_len or the segment offsets are inconsistent, so a corrupt
     message fails here and not deep inside a training step.
     """
-    return _decode(int(msg.num_rows), int(msg.seq_len), int(msg.cursor), lambda name: getattr(msg, name))
+    return _decode(
+        int(msg.num_rows), int(msg.seq_len), int(msg.cursor), int(msg.step), lambda name: getattr(msg, name)
+    )
 
 
 # --- Decoding straight from the serialized message -------------------------------------------
@@ -209,5 +213,6 @@ def decode_batch_bytes(data: bytes | memoryview) -> DecodedBatch:
         int(fields.get("num_rows", 0)),
         int(fields.get("seq_len", 0)),
         int(fields.get("cursor", 0)),
+        int(fields.get("step", 0)),
         lambda name: fields.get(name, empty),
     )

@@ -1,6 +1,8 @@
 """The ``packfeed`` command: one entry point, one subcommand per job.
 
     packfeed pack INPUT... --tokenizer T --seq-len L --output DIR   # pack to Parquet
+    packfeed serve INPUT... --tokenizer T --seq-len L --port P      # stream over gRPC
+    packfeed train --config run.toml                                # pack and train (Ray Train)
 
 Subcommands live in their own modules and are imported only when chosen, so ``packfeed pack``
 never imports torch. The data flags are defined once here (``add_data_arguments``) and shared
@@ -24,6 +26,7 @@ from packfeed.service.config import FORMATS, LOSS_MODES, OVERLONG_POLICIES, STRA
 # name -> (module, help). A module provides add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
     "pack": ("packfeed.service.cli", "tokenize and pack inputs into Parquet rows"),
+    "serve": ("packfeed.service.serve", "stream packed batches over gRPC to any training loop"),
     "train": ("packfeed.trainer.cli", "pack and train a causal LM on the packed rows (Ray Train, DDP)"),
 }
 

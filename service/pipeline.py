@@ -183,21 +183,36 @@ class PackedStream:
             num_cpus=scaling.cpus_per_worker,
         )
 
-    def iter_rows(self) -> Iterator[PackedRows]:
-        """Yield the rows in stream order, one window's block at a time, global row_index set."""
-        next_index = 0
+    def iter_rows(self, first_row: int = 0) -> Iterator[PackedRows]:
+        """Yield the rows in stream order, one window's block at a time, global row_index set
+        (counting from ``first_row``: the index of the first row of ``start_window``)."""
+        for _, rows in self.iter_windows(first_row):
+            yield rows
+
+    def iter_windows(self, first_row: int = 0) -> Iterator[tuple[int, PackedRows]]:
+        """Like ``iter_rows``, each block paired with its window's position in the seeded plan
+        order (``start_window`` for the first window streamed). Windows whose samples were all
+        skipped yield nothing."""
+        next_index = first_row
+        position = {w.index: self.start_window + i for i, w in enumerate(self.windows)}
         samples_in_window = {w.index: w.num_samples for w in self.windows}
         seen: set[int] = set()
+        if not self.windows:
+            return
         for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            for window in set(table.column("window").to_pylist()) - seen:
+            windows = table.column("window").to_numpy()
+            for window in set(windows.tolist()) - seen:
                 seen.add(window)
                 self.samples_started += samples_in_window[window]
-            if table.num_rows == 0:
-                continue
-            rows = rows_from_arrow(table)
-            rows = dataclasses.replace(rows, row_index=np.arange(next_index, next_index + rows.num_rows))
-            next_index += rows.num_rows
-            yield rows
+            # One block is one window's rows in practice; split in case Ray merges blocks.
+            cuts = [0, *(np.flatnonzero(np.diff(windows)) + 1).tolist(), len(windows)]
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                if hi == lo:
+                    continue
+                rows = rows_from_arrow(table.slice(lo, hi - lo))
+                rows = dataclasses.replace(rows, row_index=np.arange(next_index, next_index + rows.num_rows))
+                next_index += rows.num_rows
+                yield position[int(windows[lo])], rows
 
     def stats(self) -> WindowStats:
         """Totals over the windows packed so far (all of them once iteration has ended)."""

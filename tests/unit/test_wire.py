@@ -59,15 +59,15 @@ def test_golden_bytes_and_round_trip():
     assert msg.sample_ids[16:24] == b"\xff" * 8  # -1 as int64
     assert msg.segment_splits == b"\x00" * 8 + b"\x03" + b"\x00" * 7 + b"\x04" + b"\x00" * 7
     assert msg.padding_rows == b"\x00\x01"
-    rows, padding, cursor = decode_batch(packfeed_pb2.PackedBatch.FromString(msg.SerializeToString()))
+    rows, padding, cursor, step = decode_batch(packfeed_pb2.PackedBatch.FromString(msg.SerializeToString()))
     _assert_rows_equal(rows, _golden())
-    assert padding.tolist() == [False, True] and cursor == 26
+    assert padding.tolist() == [False, True] and cursor == 26 and step == 3
     assert rows.row_seq_lens(0).tolist() == [3, 2, 3] and rows.row_sample_ids(1).tolist() == [-1]
 
 
 def test_decode_does_not_copy():
     msg = packfeed_pb2.PackedBatch.FromString(encode_batch(_golden(), cursor=2).SerializeToString())
-    rows, padding, _ = decode_batch(msg)
+    rows, padding, _, _ = decode_batch(msg)
     for name in COLUMNS:
         arr = getattr(rows, name)
         assert not arr.flags.owndata and not arr.flags.writeable, name
@@ -79,10 +79,10 @@ def test_decode_does_not_copy():
 
 
 def test_decode_bytes_views_the_received_buffer():
-    wire = encode_batch(_golden(), cursor=26, padding_rows=np.array([False, True])).SerializeToString()
-    rows, padding, cursor = decode_batch_bytes(wire)
+    wire = encode_batch(_golden(), cursor=26, padding_rows=np.array([False, True]), step=3).SerializeToString()
+    rows, padding, cursor, step = decode_batch_bytes(wire)
     _assert_rows_equal(rows, _golden())
-    assert padding.tolist() == [False, True] and cursor == 26
+    assert padding.tolist() == [False, True] and cursor == 26 and step == 3
     for name in COLUMNS:
         arr = getattr(rows, name)
         assert _root(arr) is wire and not arr.flags.writeable, name  # not even protobuf copied
@@ -105,7 +105,7 @@ def test_decode_bytes_skips_unknown_fields_and_refuses_garbage():
 
 
 def test_default_padding_mask_and_empty_batch():
-    rows, padding, cursor = decode_batch(encode_batch(_golden(), cursor=0))
+    rows, padding, cursor, _ = decode_batch(encode_batch(_golden(), cursor=0))
     assert padding.tolist() == [False, False] and cursor == 0
     empty = PackedRows(
         input_ids=np.zeros((0, 4), np.int32),
@@ -116,7 +116,7 @@ def test_default_padding_mask_and_empty_batch():
         segment_splits=np.zeros(1, np.int64),
         row_index=np.zeros(0, np.int64),
     )
-    rows, padding, _ = decode_batch(encode_batch(empty, cursor=5))
+    rows, padding, _, _ = decode_batch(encode_batch(empty, cursor=5))
     assert rows.input_ids.shape == (0, 4) and padding.shape == (0,)
 
 
@@ -183,15 +183,15 @@ def packed_rows(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows=packed_rows(), cursor=st.integers(0, 2**63), data=st.data())
-def test_round_trip_property(rows, cursor, data):
+@given(rows=packed_rows(), cursor=st.integers(0, 2**63), step=st.integers(0, 2**40), data=st.data())
+def test_round_trip_property(rows, cursor, step, data):
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=rows.num_rows, max_size=rows.num_rows)), bool)
-    wire = encode_batch(rows, cursor=cursor, padding_rows=mask).SerializeToString()
-    for got, got_mask, got_cursor in (
+    wire = encode_batch(rows, cursor=cursor, padding_rows=mask, step=step).SerializeToString()
+    for got, got_mask, got_cursor, got_step in (
         decode_batch(packfeed_pb2.PackedBatch.FromString(wire)),
         decode_batch_bytes(wire),
     ):
         _assert_rows_equal(got, rows)
         np.testing.assert_array_equal(got_mask, mask)
-        assert got_cursor == cursor
+        assert (got_cursor, got_step) == (cursor, step)
     assert PAD_SAMPLE_ID == -1  # the wire carries it as int64 -1 (all 0xff bytes)

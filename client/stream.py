@@ -1,0 +1,329 @@
+"""PackedStream: one rank's packed batches from a ``packfeed serve`` server, exactly once.
+
+    stream = PackedStream("127.0.0.1:50051", rank=0, world_size=2, batch_rows=8)
+    for batch in stream:
+        loss = model(**to_model_inputs(batch.rows)).loss   # batch.input_ids etc. are numpy [B, L]
+        ...
+        save({"model": ..., "stream": stream.state_dict()})
+    # later, or after a crash:
+    stream = PackedStream("127.0.0.1:50051", rank=0, world_size=2, batch_rows=8, state=saved["stream"])
+
+Rank k of N gets the rows whose global index is k mod N, B per step; every rank gets the same
+number of steps, the last ones padded with flagged all-padding rows (``batch.padding_rows``;
+they carry no trained token). ``state_dict()`` is the cursor after the last batch YIELDED (not
+the last one prefetched), so resuming from it neither skips nor repeats a row, also with
+another world size or batch size (the cursor is a step boundary of the global stream).
+
+A background thread keeps ``prefetch`` batches ready. When the server goes away (restart,
+SIGTERM, a dropped connection) it reconnects with exponential backoff and resumes from the
+cursor of the last batch it received; it gives up after ``retry_timeout_s`` without progress.
+Errors that retrying cannot fix (bad token, bad request, another data config) are raised to
+the caller as ``StreamError`` with the server's status code and message.
+
+Arrays are read-only views of the received message (no copy; see client/wire.py). Imports
+grpcio, protobuf and numpy only.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+from packfeed.client.rows import PackedRows
+from packfeed.client.transport import (
+    MAX_REQUEST_BYTES,
+    SERVICE_NAME,
+    auth_metadata,
+    batch_message_limit,
+    channel_options,
+    resolve_token,
+)
+from packfeed.client.v1 import packfeed_pb2
+from packfeed.client.wire import WIRE_VERSION, DecodedBatch, decode_batch_bytes
+
+STATE_VERSION = 1
+
+# Worth retrying from the cursor: the server restarts, drains, is briefly overloaded, or the
+# connection dropped. Everything else (UNAUTHENTICATED, INVALID_ARGUMENT, OUT_OF_RANGE,
+# FAILED_PRECONDITION, INTERNAL, ...) needs a human and is raised.
+RETRYABLE = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,  # the server's stop grace ran out; our own cancel is not retried
+    }
+)
+
+
+class StreamError(RuntimeError):
+    """The server refused the stream for a reason retrying cannot fix."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's rows for this rank: B packed rows of length L plus where the stream is.
+
+    ``padding_rows``: bool [B], True for all-padding filler rows at the end of the stream.
+    ``cursor``: rows of the global stream consumed after this step (what state_dict saves).
+    ``step``: 0-based step number of this stream, counted across resumes.
+    """
+
+    rows: PackedRows
+    padding_rows: np.ndarray
+    cursor: int
+    step: int
+
+    input_ids = property(lambda self: self.rows.input_ids)  # int32 [B, L]
+    labels = property(lambda self: self.rows.labels)  # int32 [B, L], -100 where not trained
+    position_ids = property(lambda self: self.rows.position_ids)  # int32 [B, L]
+    seq_lens = property(lambda self: self.rows.seq_lens)  # int32 [K] segment lengths, row after row
+    segment_splits = property(lambda self: self.rows.segment_splits)  # int64 [B+1] row offsets into seq_lens
+    sample_ids = property(lambda self: self.rows.sample_ids)  # int64 [K], -1 for padding
+    row_index = property(lambda self: self.rows.row_index)  # int64 [B] global row indices
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.num_rows
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What the server streams (its Describe answer)."""
+
+    seq_len: int
+    tokenizer_name: str
+    vocab_size: int
+    pad_id: int
+    config_hash: str
+    rows_per_epoch: int | None
+    ignore_index: int
+
+
+_END = object()
+
+
+class PackedStream:
+    """Iterator of :class:`Batch` for one rank (see the module docstring).
+
+    ``target``: "host:port". ``token``: the server's bearer token (default $PACKFEED_AUTH_TOKEN).
+    ``tls_ca``: PEM file (or bytes) of the CA that signed the server's certificate: use TLS.
+    ``state``: a ``state_dict()`` to resume from. ``prefetch``: batches kept ready.
+    ``retry_timeout_s``: give up reconnecting after this long without a batch.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        batch_rows: int = 8,
+        state: dict | None = None,
+        token: str | None = None,
+        tls_ca: str | Path | bytes | None = None,
+        prefetch: int = 4,
+        retry_timeout_s: float = 300.0,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        if batch_rows < 1 or prefetch < 1:
+            raise ValueError(f"batch_rows and prefetch must be >= 1, got {batch_rows}, {prefetch}")
+        self.target, self.rank, self.world_size, self.batch_rows = target, rank, world_size, batch_rows
+        self.retry_timeout_s, self.max_backoff_s = retry_timeout_s, max_backoff_s
+        self._metadata = auth_metadata(resolve_token(token))
+        if isinstance(tls_ca, (str, Path)):
+            tls_ca = Path(tls_ca).read_bytes()
+        self._credentials = None if tls_ca is None else grpc.ssl_channel_credentials(root_certificates=tls_ca)
+        state = dict(state or {})
+        if state and state.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown stream state version {state.get('version')!r}, expected {STATE_VERSION}")
+        self._cursor = int(state.get("cursor", 0))  # after the last batch yielded
+        self._step = int(state.get("step", 0))
+        self._config_hash: str | None = state.get("config_hash")
+        self._seq_len: int | None = state.get("seq_len")
+        self.reconnects = 0  # times the stream was re-opened after a retryable error
+        self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._call: Any = None
+        self._done = False
+        self._control = self._channel(MAX_REQUEST_BYTES * 16)
+        self._data: grpc.Channel | None = None
+
+    # -- public -----------------------------------------------------------------------------
+
+    def describe(self) -> StreamInfo:
+        """The server's stream description (retried like the stream while the server starts)."""
+        call = self._control.unary_unary(
+            f"/{SERVICE_NAME}/Describe",
+            request_serializer=packfeed_pb2.DescribeRequest.SerializeToString,
+            response_deserializer=packfeed_pb2.StreamInfo.FromString,
+        )
+        info = self._retrying(lambda: call(packfeed_pb2.DescribeRequest(), metadata=self._metadata, timeout=30))
+        if info.wire_version != WIRE_VERSION:
+            raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"server speaks wire version {info.wire_version}, this client {WIRE_VERSION}")
+        return StreamInfo(
+            seq_len=info.seq_len,
+            tokenizer_name=info.tokenizer_name,
+            vocab_size=info.vocab_size,
+            pad_id=info.pad_id,
+            config_hash=info.config_hash,
+            rows_per_epoch=info.rows_per_epoch if info.HasField("rows_per_epoch") else None,
+            ignore_index=info.ignore_index,
+        )
+
+    def state_dict(self) -> dict:
+        """JSON-able position after the last batch yielded; pass as ``state=`` to resume."""
+        return {
+            "version": STATE_VERSION,
+            "cursor": self._cursor,
+            "step": self._step,
+            "config_hash": self._config_hash,
+            "seq_len": self._seq_len,
+        }
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            self._start()
+        item = self._queue.get()
+        if item is _END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        decoded: DecodedBatch = item
+        batch = Batch(rows=decoded.rows, padding_rows=decoded.padding_rows, cursor=decoded.cursor, step=self._step)
+        self._cursor = decoded.cursor
+        self._step += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop prefetching and close the connections (safe to call twice)."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            while self._thread.is_alive():  # unblock a put() on a full queue
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(0.05)
+        for channel in (self._control, self._data):
+            if channel is not None:
+                channel.close()
+
+    def __enter__(self) -> "PackedStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _channel(self, max_receive: int) -> grpc.Channel:
+        options = channel_options(max_receive=max_receive, max_send=MAX_REQUEST_BYTES)
+        if self._credentials is None:
+            return grpc.insecure_channel(self.target, options=options)
+        return grpc.secure_channel(self.target, self._credentials, options=options)
+
+    def _start(self) -> None:
+        info = self.describe()
+        if self._config_hash is None:
+            self._config_hash = info.config_hash  # pinned: a restarted server must stream the same data
+        if self._seq_len is None:
+            self._seq_len = info.seq_len
+        self._data = self._channel(batch_message_limit(self.batch_rows, self._seq_len))
+        self._thread = threading.Thread(target=self._fetch, name=f"packfeed-stream-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _request(self, cursor: int) -> packfeed_pb2.StreamRequest:
+        return packfeed_pb2.StreamRequest(
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_rows=self.batch_rows,
+            cursor=cursor,
+            expected_config_hash=self._config_hash,
+            expected_seq_len=self._seq_len,
+        )
+
+    def _fetch(self) -> None:
+        """Prefetch thread: stream from the cursor, reconnecting until the end or a fatal error."""
+        stream = self._data.unary_stream(
+            f"/{SERVICE_NAME}/StreamBatches",
+            request_serializer=packfeed_pb2.StreamRequest.SerializeToString,
+            response_deserializer=decode_batch_bytes,
+        )
+        cursor = self._cursor  # after the last batch received
+        item: Any = _END
+
+        def read_all() -> None:
+            nonlocal cursor
+            self._call = stream(self._request(cursor), metadata=self._metadata)
+            for decoded in self._call:
+                if decoded.rows.num_rows != self.batch_rows or decoded.rows.seq_len != self._seq_len:
+                    raise StreamError(grpc.StatusCode.DATA_LOSS, f"batch of shape {decoded.rows.input_ids.shape}, "
+                                      f"expected [{self.batch_rows}, {self._seq_len}]")
+                if not self._put(decoded):
+                    return
+                cursor = decoded.cursor
+
+        try:
+            self._retrying(read_all, progress=lambda: cursor)
+        except BaseException as exc:  # handed to the consumer, raised from __next__
+            item = exc
+        if not self._stop.is_set():
+            self._put(item)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _retrying(self, attempt, progress=lambda: None):
+        """Run ``attempt()`` until it returns, retrying retryable gRPC errors with backoff;
+        the deadline restarts whenever ``progress()`` changes."""
+        tries, last, deadline = 0, progress(), time.monotonic() + self.retry_timeout_s
+        while True:
+            try:
+                return attempt()
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if self._stop.is_set():
+                    return None
+                if code not in RETRYABLE:
+                    raise StreamError(code, exc.details() or "") from None
+                if progress() != last:
+                    tries, last, deadline = 0, progress(), time.monotonic() + self.retry_timeout_s
+                if time.monotonic() > deadline:
+                    raise StreamError(code, f"gave up after {self.retry_timeout_s:.0f}s of retries: {exc.details()}") from None
+                delay = min(self.max_backoff_s, 0.05 * 2**tries) * random.uniform(0.5, 1.0)
+                tries += 1
+                self.reconnects += 1
+                self._stop.wait(delay)

@@ -1,0 +1,58 @@
+"""gRPC settings shared by the packfeed server, its client and the transport benchmark.
+
+One place for what both ends must agree on: the service name, how the bearer token travels
+(``authorization: Bearer <token>`` metadata on every call), message size limits, and the
+channel options that make large messages cheap on loopback (measured in
+bench/bench_transport.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+SERVICE_NAME = "packfeed.v1.PackFeed"
+TOKEN_ENV = "PACKFEED_AUTH_TOKEN"  # the token when none is given explicitly (server and client)
+AUTH_HEADER = "authorization"
+
+MAX_REQUEST_BYTES = 64 * 1024  # StreamRequest / DescribeRequest are a few bytes
+_ROW_BYTES_PER_TOKEN = 3 * 4  # input_ids, labels, position_ids: int32 each
+_MESSAGE_OVERHEAD = 1 << 20  # per-row and per-segment fields, framing
+
+
+def batch_message_limit(batch_rows: int, seq_len: int) -> int:
+    """Largest serialized PackedBatch for ``batch_rows`` rows of ``seq_len`` tokens.
+
+    Every segment costs 12 bytes (int32 length + int64 sample id) and a row has at most L
+    segments, so a batch is at most B*L*24 bytes plus B*17 and framing.
+    """
+    return batch_rows * seq_len * (_ROW_BYTES_PER_TOKEN + 12) + batch_rows * 17 + _MESSAGE_OVERHEAD
+
+
+def channel_options(*, max_receive: int, max_send: int) -> list[tuple[str, int]]:
+    """Options for a channel or server: size limits, large HTTP/2 frames, keepalive."""
+    return [
+        ("grpc.max_receive_message_length", int(max_receive)),
+        ("grpc.max_send_message_length", int(max_send)),
+        # HTTP/2 frames up to 16 MiB and large TCP reads: fewer slices per MiB of payload.
+        ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
+        ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
+        ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20),
+        # Notice a vanished peer within ~30 s even when no data flows.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``token`` if given, else $PACKFEED_AUTH_TOKEN, else None (stripped; empty means none)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV)
+    token = token.strip() if token else None
+    return token or None
+
+
+def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the bearer token (empty when there is none)."""
+    return ((AUTH_HEADER, f"Bearer {token}"),) if token else ()

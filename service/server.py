@@ -1,0 +1,250 @@
+"""The gRPC side of ``packfeed serve``: the PackFeed service over a RowHub.
+
+``build_server`` returns a started-to-be ``grpc.Server`` serving
+
+* ``packfeed.v1.PackFeed`` (protos/packfeed/v1/packfeed.proto): ``Describe`` and the
+  server-streaming ``StreamBatches``. Each call is one consumer of the hub: step after step it
+  asks the hub for its rows (service/assign.py says which), fills the tail with flagged
+  padding rows and sends one serialized PackedBatch per step. Requests arrive as raw bytes and
+  are parsed here, so a malformed one is an INVALID_ARGUMENT answer, not a server error.
+* the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
+  server reflection (``grpcurl`` can list and call the service).
+
+A bearer token, when set, is checked on every call, these two included (an interceptor,
+constant-time comparison). ``drain()`` is the graceful stop: health NOT_SERVING, every call
+finishes the batch it is sending and ends with UNAVAILABLE (clients retry from their cursor).
+
+Status codes: UNAUTHENTICATED (token), INVALID_ARGUMENT (request fields or a malformed
+request), OUT_OF_RANGE (cursor past the end), FAILED_PRECONDITION (another config hash or
+seq_len than the client expects), UNAVAILABLE (draining), INTERNAL (the pipeline failed; the
+message says why).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from packfeed.client.transport import (
+    AUTH_HEADER,
+    MAX_REQUEST_BYTES,
+    SERVICE_NAME,
+    TOKEN_ENV,
+    batch_message_limit,
+    channel_options,
+)
+from packfeed.client.v1 import packfeed_pb2
+from packfeed.client.wire import WIRE_VERSION, encode_batch
+from packfeed.service.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
+from packfeed.service.hub import ConsumerGone, HubClosed, RowHub
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamMeta:
+    """What Describe reports besides the stream length (which the hub learns)."""
+
+    seq_len: int
+    tokenizer_name: str
+    vocab_size: int
+    pad_id: int
+    config_hash: str
+    ignore_index: int = -100
+
+
+class PackFeedService:
+    """Handlers of packfeed.v1.PackFeed (plain methods over raw request bytes)."""
+
+    def __init__(self, hub: RowHub, meta: StreamMeta, *, max_batch_rows: int) -> None:
+        self.hub, self.meta, self.max_batch_rows = hub, meta, max_batch_rows
+        self.draining = False
+
+    def describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        _parse(packfeed_pb2.DescribeRequest, request, context)
+        m = self.meta
+        info = packfeed_pb2.StreamInfo(
+            seq_len=m.seq_len,
+            tokenizer_name=m.tokenizer_name,
+            vocab_size=m.vocab_size,
+            pad_id=m.pad_id,
+            config_hash=m.config_hash,
+            ignore_index=m.ignore_index,
+            wire_version=WIRE_VERSION,
+        )
+        if self.hub.total_rows is not None:
+            info.rows_per_epoch = self.hub.total_rows
+        return info.SerializeToString()
+
+    def stream_batches(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        req = _parse(packfeed_pb2.StreamRequest, request, context)
+        rank, world, b, cursor = req.rank, req.world_size, req.batch_rows, req.cursor
+        self._check(req, context)
+        seq_len, pad_id = self.meta.seq_len, self.meta.pad_id
+        with self.hub.consumer(alive=context.is_active) as consumer:
+            step = 0
+            while True:
+                wanted = step_rows(rank, world, b, cursor, step)
+                try:
+                    real, total = consumer.rows(wanted.rows)
+                except ConsumerGone:
+                    return
+                except HubClosed:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "packfeed server shutting down: reconnect and resume from your cursor")
+                except Exception as exc:  # the pipeline failed (e.g. a bad sample under --strict)
+                    logger.exception("stream failed")
+                    context.abort(grpc.StatusCode.INTERNAL, f"packfeed pipeline failed: {type(exc).__name__}: {exc}")
+                if total is not None:
+                    if cursor > total:
+                        context.abort(grpc.StatusCode.OUT_OF_RANGE, _past_end(cursor, total))
+                    if step >= num_steps(world, b, cursor, total):
+                        return
+                    wanted = step_rows(rank, world, b, cursor, step, total)
+                rows, padding = fill_batch(real, wanted, seq_len, pad_id)
+                yield encode_batch(rows, cursor=wanted.cursor, padding_rows=padding, step=step).SerializeToString()
+                step += 1
+
+    def _check(self, req: packfeed_pb2.StreamRequest, context: grpc.ServicerContext) -> None:
+        """Abort with the status code a user can act on, or return."""
+        m = self.meta
+        try:
+            check_request(req.rank, req.world_size, req.batch_rows, req.cursor, self.hub.total_rows)
+        except CursorOutOfRange:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, _past_end(req.cursor, self.hub.total_rows))
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if req.batch_rows > self.max_batch_rows:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"batch_rows {req.batch_rows} is above this server's limit of {self.max_batch_rows} (--max-batch-rows)",
+            )
+        if req.world_size * req.batch_rows > self.hub.capacity // 2:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a step of world_size x batch_rows = {req.world_size * req.batch_rows} rows does not fit in half "
+                f"of the server's buffer ({self.hub.capacity} rows): restart it with a larger --buffer-rows",
+            )
+        if req.HasField("expected_config_hash") and req.expected_config_hash != m.config_hash:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this server streams data config {m.config_hash}, the client expects {req.expected_config_hash}: "
+                "same inputs, tokenizer, seq_len, packing and seed are needed to resume",
+            )
+        if req.HasField("expected_seq_len") and req.expected_seq_len != m.seq_len:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this server packs rows of {m.seq_len} tokens, the client expects {req.expected_seq_len}",
+            )
+
+
+def _past_end(cursor: int, total: int | None) -> str:
+    return (
+        f"cursor {cursor} is past the end of the stream ({total} rows): "
+        "was it saved from a run over another data config?"
+    )
+
+
+def _parse(message_type, data: bytes, context: grpc.ServicerContext):
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Refuses every call without ``authorization: Bearer <token>`` (UNAUTHENTICATED)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        got = dict(handler_call_details.invocation_metadata or ()).get(AUTH_HEADER)
+        if got is not None and hmac.compare_digest(got.encode(), self._expected):
+            return handler
+        reason = "missing bearer token" if got is None else "wrong bearer token"
+        return _deny(handler, f"{reason}: pass the server's token (PackedStream(token=...) or ${TOKEN_ENV})")
+
+
+def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that only answers UNAUTHENTICATED."""
+
+    def abort(request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kinds: dict[tuple[bool, bool], Callable] = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(abort)
+
+
+def build_server(
+    service: PackFeedService,
+    *,
+    host: str,
+    port: int,
+    token: str | None = None,
+    tls: tuple[bytes, bytes] | None = None,
+    max_consumers: int = 64,
+) -> tuple[grpc.Server, int, health.HealthServicer]:
+    """The server (not started), the port it bound and its health servicer.
+
+    ``tls``: (certificate chain PEM, private key PEM). ``max_consumers``: concurrent calls
+    beyond this get RESOURCE_EXHAUSTED instead of queueing.
+    """
+    max_send = batch_message_limit(service.max_batch_rows, service.meta.seq_len)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_consumers + 4, thread_name_prefix="packfeed-rpc"),
+        interceptors=[BearerTokenInterceptor(token)] if token else [],
+        options=[*channel_options(max_receive=MAX_REQUEST_BYTES, max_send=max_send), ("grpc.so_reuseport", 0)],
+        maximum_concurrent_rpcs=max_consumers,
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE_NAME,
+                {
+                    "Describe": grpc.unary_unary_rpc_method_handler(service.describe),
+                    "StreamBatches": grpc.unary_stream_rpc_method_handler(service.stream_batches),
+                },
+            ),
+        )
+    )
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        cert, key = tls
+        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    if bound == 0:
+        raise OSError(f"could not listen on {address} (in use, or not an address of this machine)")
+    return server, bound, health_servicer
+
+
+def drain(server: grpc.Server, service: PackFeedService, health_servicer: health.HealthServicer, grace_s: float) -> None:
+    """Graceful stop: report NOT_SERVING, end every stream after its current batch with
+    UNAVAILABLE, refuse new calls, and wait up to ``grace_s`` for in-flight ones."""
+    service.draining = True
+    health_servicer.enter_graceful_shutdown()
+    service.hub.drain()
+    server.stop(grace_s).wait()
