@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from packfeed.service.pipeline import PackedStream, Scaling, init_ray
     from packfeed.service.server import PackFeedService, StreamMeta, build_server, drain
     from packfeed.service.sources import expand_inputs
+    from packfeed.service.stats import format_summary
     from packfeed.service.tokenize import SampleTokenizer
 
     config = data_config_from_args(args, load_config_file(args.config))
@@ -125,8 +126,16 @@ def run(args: argparse.Namespace) -> int:
     scaling = Scaling(num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker)
 
     def open_reader(window: int, first_row: int):
+        """The stream from ``window``; at its end, the packing report (skips, why, which)."""
         print(f"packfeed serve: packing from window {window} (row {first_row})", file=sys.stderr, flush=True)
-        return PackedStream(config, scaling=scaling, start_window=window).iter_windows(first_row)
+        reader_started = time.perf_counter()
+        stream = PackedStream(config, scaling=scaling, start_window=window)
+        yield from stream.iter_windows(first_row)
+        total = stream.stats()
+        total.check_accounting()
+        stats = total.to_dict(seq_len=config.seq_len, seconds=time.perf_counter() - reader_started)
+        print(f"packfeed serve: end of stream reached (windows {window}..{window + len(stream.windows) - 1}):\n"
+              f"{format_summary(stats)}", file=sys.stderr, flush=True)
 
     hub = RowHub(open_reader, manifest, capacity=args.buffer_rows)
     service = PackFeedService(hub, meta, max_batch_rows=args.max_batch_rows)

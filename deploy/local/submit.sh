@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Submit `packfeed train ARGS...` as a Ray job to the local cluster and follow its logs.
+# Submit `packfeed [train|serve|pack] ARGS...` as a Ray job to the local cluster and follow its
+# logs (train when no subcommand is named).
 #   bash deploy/local/submit.sh --config examples/train_demo.toml --output "$PWD/runs/job"
+#   PACKFEED_NO_WAIT=1 bash deploy/local/submit.sh serve service/assets/corpus/*.jsonl \
+#       --tokenizer service/assets/tokenizer --seq-len 2048 --port 50051
 # The working directory (this repository, without .venv, runs and .git) is uploaded; give
 # --output as an absolute path, since the job runs in a copy of the repository.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$REPO"
+COMMAND=train
+case "${1:-}" in train|serve|pack) COMMAND=$1; shift ;; esac
 RUNTIME_ENV=$(python - <<'PY'
 import json
 print(json.dumps({
@@ -23,7 +28,7 @@ trap 'rm -f "$LOG"' EXIT
 for attempt in 1 2 3 4 5 6; do
     if ray job submit --address "$PACKFEED_JOB_ADDRESS" --working-dir . --runtime-env-json "$RUNTIME_ENV" \
         ${PACKFEED_JOB_ID:+--submission-id "$PACKFEED_JOB_ID"} ${PACKFEED_NO_WAIT:+--no-wait} \
-        -- packfeed train "$@" 2>&1 | tee "$LOG"; then
+        -- packfeed "$COMMAND" "$@" 2>&1 | tee "$LOG"; then
         exit 0
     fi
     grep -q "No available agent to submit job" "$LOG" || exit 1

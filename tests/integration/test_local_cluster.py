@@ -2,7 +2,8 @@
 
 `packfeed pack --address` joins it instead of starting its own Ray, and a short training run
 submitted with `ray job submit` (deploy/local/submit.sh) succeeds and writes a model that
-loads with `from_pretrained`. Token authentication (on by default in Ray 2.60) is on. Another
+loads with `from_pretrained`; `packfeed serve` submitted the same way streams every sample to
+a client. Token authentication (on by default in Ray 2.60) is on. Another
 Ray (the session's embedded one) runs on this machine at the same time, as on a shared box.
 """
 
@@ -84,3 +85,30 @@ def test_ray_job_submit_trains_and_writes_the_model(cluster_env, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     assert model.config.vocab_size > 0
     assert sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()) >= 1
+
+
+def test_serve_runs_as_a_ray_job_and_streams_every_sample(cluster_env, tmp_path):
+    from packfeed.client.stream import PackedStream
+
+    port, job_id = _free_port(), f"packfeed-serve-{_free_port()}"
+    env = {**cluster_env, "PACKFEED_NO_WAIT": "1", "PACKFEED_JOB_ID": job_id}
+    proc = subprocess.run(
+        ["bash", str(LOCAL / "submit.sh"), "serve", *demo_corpus_paths(), "--tokenizer", demo_tokenizer_path(),
+         "--seq-len", "512", "--port", str(port), "--state-dir", str(tmp_path / "state")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    ray_cli = str(REPO / ".venv" / "bin" / "ray")
+    address = ["--address", f"http://127.0.0.1:{cluster_env['PACKFEED_DASHBOARD_PORT']}"]
+    try:
+        ids = []
+        # The client retries (UNAVAILABLE) while the job starts the server.
+        with PackedStream(f"127.0.0.1:{port}", batch_rows=8, retry_timeout_s=240) as stream:
+            for batch in stream:
+                ids.extend(batch.sample_ids[batch.sample_ids >= 0].tolist())
+        assert sorted(ids) == list(range(7500))
+        logs = subprocess.run([ray_cli, "job", "logs", *address, job_id], env=cluster_env, capture_output=True,
+                              text=True, timeout=60).stdout
+        assert "joined the cluster" in logs, logs[-3000:]
+    finally:
+        subprocess.run([ray_cli, "job", "stop", *address, job_id], env=cluster_env, capture_output=True, timeout=120)
