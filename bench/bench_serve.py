@@ -63,7 +63,9 @@ print(json.dumps({"first": first, "rows": rows, "total": time.perf_counter() - t
 
 
 def data_args(corpus: Path) -> list[str]:
-    return [str(corpus), "--tokenizer", TOKENIZER, "--seq-len", str(SEQ_LEN)]
+    # 1,000-sample windows: a stream of many windows, so rates are steady and a resume has
+    # many windows to skip.
+    return [str(corpus), "--tokenizer", TOKENIZER, "--seq-len", str(SEQ_LEN), "--window-samples", "1000"]
 
 
 def read_stream(target: str, *, cursor: int = 0, config_hash: str | None = None, limit: int | None = None,

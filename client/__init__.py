@@ -1,6 +1,8 @@
 """packfeed.client: the packed-row contract and how to consume it.
 
 Light dependencies (numpy; grpcio for the stream). Imports nothing else of packfeed.
+``PackedIterableDataset`` needs torch and is imported on first use, so ``import
+packfeed.client`` works without torch.
 """
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
@@ -17,6 +19,7 @@ from packfeed.client.rows import (
     positions_from_seq_lens,
     seq_lens_from_positions,
 )
+from packfeed.client.stream import Batch, PackedStream, StreamError, StreamInfo
 
 __all__ = [
     "COLUMN_DTYPES",
@@ -32,4 +35,18 @@ __all__ = [
     "seq_lens_from_positions",
     "num_trained_tokens",
     "to_model_inputs",
+    "Batch",
+    "PackedStream",
+    "StreamError",
+    "StreamInfo",
+    # PackedIterableDataset is left out so that `from packfeed.client import *` needs no torch.
 ]
+
+
+def __getattr__(name: str):
+    """``PackedIterableDataset`` is imported on first access: it is the module that needs torch."""
+    if name == "PackedIterableDataset":
+        from packfeed.client.torch_data import PackedIterableDataset
+
+        return PackedIterableDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

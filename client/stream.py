@@ -219,8 +219,9 @@ class PackedStream:
         return batch
 
     def close(self) -> None:
-        """Stop prefetching and close the connections (safe to call twice)."""
+        """Stop prefetching and close the connections (safe to call twice); iteration ends."""
         self._stop.set()
+        self._done = True
         call = self._call
         if call is not None:
             call.cancel()

@@ -146,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
-    hub.start()  # start packing now: the first consumer should not wait for the cold start
+    if manifest.total_rows is None and len(manifest.first_row) == 1:
+        # A first run: start packing now so the first consumer does not wait for the cold
+        # start. A restarted server waits: its consumers resume mid-stream, wherever they were.
+        hub.start()
     print(
         f"packfeed serve: listening on {args.host}:{port} ({'TLS' if tls else 'plaintext'}, "
         f"{'token required' if token else 'no token'}); stream {meta.config_hash}, seq_len {meta.seq_len}, "
