@@ -29,7 +29,6 @@ it lazily.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -47,25 +46,11 @@ class PackedIterableDataset(IterableDataset):
     """
 
     def __init__(
-        self,
-        target: str,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        batch_rows: int = 8,
-        state: dict | None = None,
-        token: str | None = None,
-        tls_ca: str | Path | bytes | None = None,
-        prefetch: int = 4,
-        retry_timeout_s: float = 300.0,
-        max_backoff_s: float = 5.0,
-        device: str | torch.device | None = None,
+        self, target: str, *, state: dict | None = None, device: str | torch.device | None = None, **stream_args
     ) -> None:
         super().__init__()
-        self._stream_args = dict(
-            rank=rank, world_size=world_size, batch_rows=batch_rows, token=token, tls_ca=tls_ca,
-            prefetch=prefetch, retry_timeout_s=retry_timeout_s, max_backoff_s=max_backoff_s,
-        )
+        # rank, world_size, batch_rows, token, tls_ca, prefetch, ...: PackedStream's keywords.
+        self._stream_args = stream_args
         self.target, self.device = target, device
         # Validates the arguments and the state now, not at the first iteration.
         with self._open(state) as stream:
