@@ -97,12 +97,12 @@ class Manifest:
     def _save(self) -> None:
         if self.path is None:
             return
-        with self._lock:
+        with self._lock:  # held while writing: an older snapshot never replaces a newer one
             blob = json.dumps({"key": self.key, "first_row": self.first_row, "total_rows": self.total_rows})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(blob)
-        os.replace(tmp, self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(blob)
+            os.replace(tmp, self.path)
 
 
 @dataclass
@@ -124,13 +124,27 @@ class RowHub:
         with hub.consumer() as c:
             rows, total = c.rows(range(0, 8, 2))  # blocks until produced
 
-    Errors raised by the reader (a bad sample under --strict) reach every waiting consumer.
+    A consumer's step (the rows from its lowest to its highest index) must span at most
+    ``capacity - PIECE_ROWS`` rows, or it could wait for rows that do not fit: the server checks.
+
+    An error raised by the reader (a bad sample under --strict, a lost Ray worker) reaches every
+    consumer whose rows are not held yet; rows already held are still served. The failed reader
+    is not restarted (the server reports NOT_SERVING through ``on_error``): restart the server.
     """
 
-    def __init__(self, open_reader: OpenReader, manifest: Manifest, *, capacity: int = 2048, poll_s: float = 0.2) -> None:
-        if capacity < PIECE_ROWS:
-            raise ValueError(f"capacity must be >= {PIECE_ROWS} rows, got {capacity}")
+    def __init__(
+        self,
+        open_reader: OpenReader,
+        manifest: Manifest,
+        *,
+        capacity: int = 2048,
+        poll_s: float = 0.2,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        if capacity < 2 * PIECE_ROWS:
+            raise ValueError(f"capacity must be >= {2 * PIECE_ROWS} rows, got {capacity}")
         self._open_reader = open_reader
+        self._on_error = on_error
         self.manifest = manifest
         self.capacity = capacity
         self._poll_s = poll_s
@@ -143,6 +157,7 @@ class RowHub:
         self._reader: threading.Thread | None = None
         self._error: BaseException | None = None
         self._needs: dict[int, int] = {}  # consumer id -> lowest row it may still ask for
+        self._waiting: dict[int, int] = {}  # consumer id -> the highest row it is waiting for
         self._next_consumer = 0
         self._closed = False
         self.restarts = 0  # readers started (for stats and tests)
@@ -195,17 +210,22 @@ class RowHub:
             while True:
                 if self._closed:
                     raise HubClosed("the server is shutting down")
-                if self._error is not None:
-                    raise self._error
                 total = self.manifest.total_rows
                 want = indices if total is None else range(indices.start, min(indices.stop, max(total, indices.start)), indices.step)
                 if len(want) == 0:
                     return None, total
+                held = self._reader is not None and self._floor <= want[0] and want[-1] < self._produced
+                if held:
+                    break
+                if self._error is not None:  # the rows will not come: the pipeline failed
+                    raise self._error
                 if self._reader is None or want[0] < self._floor or self._worth_jumping(want[0]):
                     self._restart_reader()
-                elif want[-1] < self._produced:
-                    break
-                self._cond.wait(self._poll_s)
+                self._waiting[cid] = want[-1]
+                try:
+                    self._cond.wait(self._poll_s)
+                finally:
+                    del self._waiting[cid]
                 if not alive():
                     raise ConsumerGone()
             return self._gather(want), total
@@ -266,9 +286,12 @@ class RowHub:
                     self._cond.notify_all()
         except BaseException as exc:  # reaches the consumers; the reader thread ends
             with self._cond:
-                if generation == self._generation:
+                current = generation == self._generation
+                if current:
                     self._error = exc
                     self._cond.notify_all()
+            if current and self._on_error is not None:
+                self._on_error(exc)
         finally:
             close = getattr(reader, "close", None)
             if close is not None:  # a generator: stops the pipeline behind it
@@ -292,12 +315,25 @@ class RowHub:
             return True
 
     def _evict(self, room: int) -> None:
-        """Drop the oldest pieces no consumer needs until ``room`` more rows fit."""
+        """Drop the oldest rows no consumer needs until ``room`` more rows fit: whole pieces,
+        and, while a consumer waits for rows not produced yet, the front of the piece holding
+        the lowest needed row. So a step of up to capacity - PIECE_ROWS rows can always be
+        completed, and rows a late consumer may still want are kept as long as possible."""
         low = self._low()
-        while self._pieces and self._held + room > self.capacity and self._pieces[0].end <= low:
-            gone = self._pieces.pop(0)
-            self._held -= gone.rows.num_rows
-            self._floor = gone.end
+        while self._pieces and self._held + room > self.capacity and self._pieces[0].start < low:
+            first = self._pieces[0]
+            starving = any(row >= self._produced for row in self._waiting.values())
+            if first.end > low and not starving:
+                break
+            if first.end <= low:
+                self._pieces.pop(0)
+                self._held -= first.rows.num_rows
+                self._floor = first.end
+            else:
+                cut = low - first.start
+                self._pieces[0] = _Piece(low, select_rows(first.rows, range(cut, first.rows.num_rows)))
+                self._held -= cut
+                self._floor = low
 
     def _gather(self, want: range) -> PackedRows:
         """The rows ``want`` (all held) in order (caller holds the lock)."""

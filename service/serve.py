@@ -93,7 +93,10 @@ def manifest_key(config: DataConfig) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from grpc_health.v1 import health_pb2
+
     from packfeed.client.rows import IGNORE_INDEX
+    from packfeed.client.transport import SERVICE_NAME
     from packfeed.service.hub import Manifest, RowHub
     from packfeed.service.pipeline import PackedStream, Scaling, init_ray
     from packfeed.service.server import PackFeedService, StreamMeta, build_server, drain
@@ -137,7 +140,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"packfeed serve: end of stream reached (windows {window}..{window + len(stream.windows) - 1}):\n"
               f"{format_summary(stats)}", file=sys.stderr, flush=True)
 
-    hub = RowHub(open_reader, manifest, capacity=args.buffer_rows)
+    def reader_failed(exc: BaseException) -> None:
+        print(f"packfeed serve: the pipeline failed, NOT_SERVING from now on: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    hub = RowHub(open_reader, manifest, capacity=args.buffer_rows, on_error=reader_failed)
     service = PackFeedService(hub, meta, max_batch_rows=args.max_batch_rows)
     server, port, health_servicer = build_server(
         service, host=args.host, port=args.port, token=token, tls=tls, max_consumers=args.max_consumers

@@ -165,13 +165,12 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         self._expected = f"Bearer {token}".encode()
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
         got = dict(handler_call_details.invocation_metadata or ()).get(AUTH_HEADER)
         if got is not None and hmac.compare_digest(got.encode(), self._expected):
-            return handler
+            return continuation(handler_call_details)
         reason = "missing bearer token" if got is None else "wrong bearer token"
+        # Unknown methods are refused the same way: no token, no hint of which methods exist.
+        handler = continuation(handler_call_details) or grpc.unary_unary_rpc_method_handler(None)
         return _deny(handler, f"{reason}: pass the server's token (PackedStream(token=...) or ${TOKEN_ENV})")
 
 
