@@ -37,6 +37,12 @@ def channel_options(*, max_receive: int, max_send: int) -> list[tuple[str, int]]
         ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
         ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
         ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20),
+        # Reconnect soon after a restarted server is back: gRPC's own connection backoff grows
+        # to 120 s, and every call fails at once while it runs (measured: 35 s lost after 61 s
+        # of outage). The client's retry loop does its own backoff on top.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
         # Notice a vanished peer within ~30 s even when no data flows.
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),

@@ -1,0 +1,368 @@
+"""Exactly-once delivery of ``packfeed serve`` across failures, against real server processes.
+
+Every test reads the bundled corpus (7,500 samples, seq_len 512, 1,000-sample windows) through
+a real ``packfeed serve`` on 127.0.0.1 while something fails: the server is SIGKILLed or
+SIGTERMed and started again on the same port and state dir, a client process is SIGKILLed and
+started again from its saved state, or the job resumes with another world size. Each then
+checks the contract of client/stream.py over everything the consumers processed:
+
+* every global row index below the stream length T arrives exactly once, and each row holds
+  the same tokens, labels, positions and segments as in an uninterrupted reference read
+  (the stream is a deterministic function of the config, also across restarts);
+* the sample ids of all non-padding segments are 0..7,499, each exactly once (the default
+  overlong policy is ``truncate``: one segment per sample, none dropped or split);
+* flagged padding rows only fill the last step, with indices >= T, each once;
+* each rank's steps are consecutive and its cursor after step s is the step boundary.
+
+The servers keep a small row buffer (``--buffer-rows 128``, about one window) so that a
+resume needs rows the server no longer holds and the manifest in ``--state-dir`` decides where
+packing restarts. Kill points are drawn from a seeded RNG ($PACKFEED_FAILURE_SEED to sweep).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from packfeed.client.stream import PackedStream
+from serve_support import DEMO_SAMPLES, REPO, ServerProcess, demo_args
+from stream_client import row_records
+
+pytestmark = pytest.mark.integration
+
+SEED = int(os.environ.get("PACKFEED_FAILURE_SEED", "1729"))
+SERVE_ARGS = demo_args(extra=("--buffer-rows", "128"))
+SERVE_ENV = {"RAY_ADDRESS": ""}  # always the server's own embedded Ray
+CLIENT = Path(__file__).with_name("stream_client.py")
+SHUTTING_DOWN = "packfeed server shutting down"  # server.py's UNAVAILABLE message when draining
+PACKING_FROM = re.compile(r"packfeed serve: packing from window (\d+) \(row (\d+)\)")
+JOIN_S = 240.0
+
+
+# -- what consumers received, and the contract it must meet ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An uninterrupted read: the stream length and row_index -> (digest, sample ids)."""
+
+    total: int
+    rows: dict[int, tuple[str, list[int]]]
+
+
+def assert_exactly_once(rows: list[list], padding: list[int], ref: Reference) -> None:
+    """``rows`` ([row_index, digest, sample ids] per real row received, over all ranks and
+    runs) are the reference's rows, each once, and cover every sample once."""
+    counts = Counter(index for index, _, _ in rows)
+    repeated = sorted(i for i, n in counts.items() if n > 1)
+    assert not repeated, f"{len(repeated)} rows delivered more than once, first {repeated[:10]}"
+    missing = sorted(set(range(ref.total)) - counts.keys())
+    assert not missing, f"{len(missing)} of {ref.total} rows never delivered, first {missing[:10]}"
+    extra = sorted(counts.keys() - set(range(ref.total)))
+    assert not extra, f"real rows past the end of the stream ({ref.total}): {extra[:10]}"
+    changed = sorted(index for index, digest, _ in rows if digest != ref.rows[index][0])
+    assert not changed, f"{len(changed)} rows differ from the uninterrupted read, first {changed[:10]}"
+    samples = Counter(s for _, _, ids in rows for s in ids)
+    assert samples == Counter(s for _, ids in ref.rows.values() for s in ids)
+    assert samples == Counter(range(DEMO_SAMPLES)), "every input sample exactly once"
+    assert len(set(padding)) == len(padding) and all(i >= ref.total for i in padding), sorted(padding)[:10]
+
+
+def assert_steps(steps: list[tuple[int, int]], *, first_step: int, cursor: int, per_step: int, total: int) -> None:
+    """One rank's (step, cursor) per batch: consecutive steps from ``first_step``, each ending at
+    the next step boundary after ``cursor``, and the last one at the end of the stream."""
+    expected = [(first_step + s, min(cursor + (s + 1) * per_step, total)) for s in range(len(steps))]
+    assert steps == expected
+    assert steps[-1][1] == total
+
+
+def log_between(server: ServerProcess, start: int, stop: int | None = None) -> str:
+    """The server's log from byte ``start`` to byte ``stop`` (offsets from ``log.stat()``)."""
+    return server.log.read_bytes()[start:stop].decode(errors="replace")
+
+
+def packing_starts(log: str) -> list[tuple[int, int]]:
+    """(window, first row) of every reader the server started, in order."""
+    return [(int(w), int(r)) for w, r in PACKING_FROM.findall(log)]
+
+
+class Rank(threading.Thread):
+    """One rank's training loop in a thread: records every batch; ``on_batch(n)`` runs after
+    the n-th; stops after ``max_batches`` or at the end of the stream."""
+
+    def __init__(self, stream: PackedStream, *, max_batches: int | None = None, on_batch=lambda n: None) -> None:
+        super().__init__(name=f"rank{stream.rank}", daemon=True)
+        self.stream, self.max_batches, self.on_batch = stream, max_batches, on_batch
+        self.rows: list[list] = []
+        self.padding: list[int] = []
+        self.steps: list[tuple[int, int]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for batch in self.stream:
+                real, padding = row_records(batch)
+                self.rows += real
+                self.padding += padding
+                self.steps.append((batch.step, batch.cursor))
+                self.on_batch(len(self.steps))
+                if len(self.steps) == self.max_batches:
+                    return
+        except Exception as exc:  # noqa: BLE001 (re-raised in the test thread by finish())
+            self.error = exc
+
+
+def run_ranks(ranks: list[Rank]) -> None:
+    for rank in ranks:
+        rank.start()
+
+
+def finish(ranks: list[Rank]) -> None:
+    for rank in ranks:
+        rank.join(JOIN_S)
+        assert not rank.is_alive(), f"{rank.name} still streaming after {JOIN_S:.0f}s"
+        if rank.error is not None:
+            raise rank.error
+
+
+def close_all(streams: list[PackedStream]) -> None:
+    for stream in streams:
+        stream.close()
+
+
+class StatusRecorder(grpc.UnaryStreamClientInterceptor):
+    """Appends (code, details) of every finished StreamBatches call to ``calls``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[grpc.StatusCode, str]] = []
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        call = continuation(client_call_details, request)
+        call.add_done_callback(lambda c: self.calls.append((c.code(), c.details() or "")))
+        return call
+
+
+class RecordingStream(PackedStream):
+    """A PackedStream whose channels report each call's final status to ``recorder``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.recorder = StatusRecorder()
+        super().__init__(*args, **kwargs)
+
+    def _channel(self, max_receive: int) -> grpc.Channel:
+        return grpc.intercept_channel(super()._channel(max_receive), self.recorder)
+
+
+def new_server(directory: Path) -> ServerProcess:
+    return ServerProcess(SERVE_ARGS, log=directory / "serve.log", state_dir=directory / "state", env=SERVE_ENV)
+
+
+# -- one server for the module, and the reference read of its stream -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(the module's server, the reference read of its whole stream by one uninterrupted rank).
+
+    One server serves every test (a start costs 10-40 s on a busy 2-core box); the tests that
+    kill or stop it start it again, on the same port and state dir, as an operator would."""
+    with new_server(tmp_path_factory.mktemp("serve")) as server:
+        with PackedStream(server.target, rank=0, world_size=1, batch_rows=16) as stream:
+            ranks = [Rank(stream)]
+            run_ranks(ranks)
+            finish(ranks)
+            info = stream.describe()
+        total = ranks[0].steps[-1][1]
+        assert info.rows_per_epoch == total, "Describe reports the length once the reader reached the end"
+        ref = Reference(total=total, rows={index: (digest, ids) for index, digest, ids in ranks[0].rows})
+        # The reference itself meets the contract (a duplicate row would hide in the dict).
+        assert len(ranks[0].rows) == total
+        assert_exactly_once(ranks[0].rows, ranks[0].padding, ref)
+        assert_steps(ranks[0].steps, first_step=0, cursor=0, per_step=16, total=total)
+        yield server, ref
+
+
+@pytest.fixture
+def server(served) -> ServerProcess:
+    """The module's server, running (started again if a failed test left it down)."""
+    server, _ = served
+    if server.proc.poll() is not None:
+        server.start()
+    return server
+
+
+@pytest.fixture
+def ref(served) -> Reference:
+    return served[1]
+
+
+# -- the tests ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_server_sigkill_mid_stream_then_restart_delivers_every_sample_once(server, ref):
+    """Two ranks mid-stream; the server (and its Ray) SIGKILLed, started again on the same
+    port and state dir; the ranks reconnect by themselves and finish: exactly once, same rows."""
+    world, b = 2, 4
+    steps = -(-ref.total // (world * b))
+    rng = random.Random(SEED)
+    first = rng.randint(40, steps - 15)  # past the first windows: the resume must not start at 0
+    pause_at = [first, first + rng.randint(-3, 3)]  # ranks stopped a few steps apart
+
+    streams = [PackedStream(server.target, rank=r, world_size=world, batch_rows=b) for r in range(world)]
+    paused = [threading.Event() for _ in range(world)]
+    resume = threading.Event()
+
+    def hold(r: int):
+        def on_batch(n: int) -> None:
+            if n == pause_at[r]:
+                paused[r].set()
+                resume.wait(JOIN_S)
+        return on_batch
+
+    ranks = [Rank(streams[r], on_batch=hold(r)) for r in range(world)]
+    try:
+        run_ranks(ranks)
+        for r in range(world):
+            assert paused[r].wait(JOIN_S), f"rank {r} never reached batch {pause_at[r]} (seed {SEED})"
+        cursors = [s.state_dict()["cursor"] for s in streams]
+        assert all(0 < c < ref.total for c in cursors), cursors  # both mid-stream
+        server.kill()
+        resume.set()  # the ranks run into the dead server and retry
+        before = server.log.stat().st_size
+        server.start()
+        finish(ranks)
+    finally:
+        resume.set()
+        close_all(streams)
+
+    assert [s.reconnects > 0 for s in streams] == [True, True], "each rank reconnected by itself"
+    for rank in ranks:
+        assert_steps(rank.steps, first_step=0, cursor=0, per_step=world * b, total=ref.total)
+    assert_exactly_once(ranks[0].rows + ranks[1].rows, ranks[0].padding + ranks[1].padding, ref)
+    # The manifest the killed server left in the state dir sends packing to a later window.
+    starts = packing_starts(log_between(server, before))
+    assert any(w > 0 and row > 0 for w, row in starts), (cursors, starts)
+
+
+@pytest.mark.timeout(300)
+def test_client_process_sigkill_then_restart_from_saved_state_delivers_once(server, ref, tmp_path):
+    """Rank 0 of 2, a process saving its state after every batch it processed, is SIGKILLed
+    mid-stream and started again from its state file; rank 1 runs on undisturbed."""
+    world, b = 2, 8
+    steps = -(-ref.total // (world * b))
+    kill_at = random.Random(SEED + 1).randint(5, steps - 25)  # 25 x 50 ms of slack to land mid-stream
+    files = [tmp_path / f"rank{r}.json" for r in range(world)]
+
+    def client(r: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(CLIENT), server.target, "--rank", str(r), "--world-size", str(world),
+             "--batch-rows", str(b), "--state", str(files[r]), "--step-seconds", "0.05"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        )
+
+    procs = [client(0), client(1)]
+    try:
+        output = []
+        for line in procs[0].stdout:  # "saved N" after each batch is saved
+            output.append(line)
+            if line == f"saved {kill_at}\n":
+                procs[0].send_signal(signal.SIGKILL)
+                break
+        procs[0].stdout.close()
+        assert procs[0].wait(60) == -signal.SIGKILL, "".join(output)[-3000:]
+        at_kill = json.loads(files[0].read_text())
+        assert not at_kill["done"] and kill_at <= at_kill["batches"] < steps, (at_kill["batches"], kill_at, steps)
+
+        procs[0] = client(0)  # the same command: it resumes from files[0]
+        outs = [p.communicate(timeout=JOIN_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+
+    done = [json.loads(f.read_text()) for f in files]
+    assert [d["done"] for d in done] == [True, True] and [d["runs"] for d in done] == [2, 1]
+    for d in done:
+        assert_steps([tuple(s) for s in d["steps"]], first_step=0, cursor=0, per_step=world * b, total=ref.total)
+    assert_exactly_once(done[0]["rows"] + done[1]["rows"], done[0]["padding"] + done[1]["padding"], ref)
+
+
+@pytest.mark.timeout(300)
+def test_resume_at_step_boundary_with_another_world_size_delivers_once(server, ref):
+    """2 ranks x 4 rows read K steps and save their state; 3 ranks x 3 rows resume from it."""
+    rng = random.Random(SEED + 2)
+    k = rng.randint(10, ref.total // 8 - 10)
+
+    first = [PackedStream(server.target, rank=r, world_size=2, batch_rows=4) for r in range(2)]
+    try:
+        ranks = [Rank(s, max_batches=k) for s in first]
+        run_ranks(ranks)
+        finish(ranks)
+        states = [s.state_dict() for s in first]
+    finally:
+        close_all(first)
+    assert states[0] == states[1] and states[0]["cursor"] == k * 8 and states[0]["step"] == k, states
+
+    state = json.loads(json.dumps(states[0]))  # as a checkpoint would hold it
+    second = [PackedStream(server.target, rank=r, world_size=3, batch_rows=3, state=state) for r in range(3)]
+    try:
+        resumed = [Rank(s) for s in second]
+        run_ranks(resumed)
+        finish(resumed)
+    finally:
+        close_all(second)
+
+    for rank in ranks:
+        assert_steps(rank.steps[:k], first_step=0, cursor=0, per_step=8, total=k * 8)
+    for rank in resumed:
+        assert_steps(rank.steps, first_step=k, cursor=k * 8, per_step=9, total=ref.total)
+    everyone = ranks + resumed
+    assert_exactly_once([row for r in everyone for row in r.rows], [i for r in everyone for i in r.padding], ref)
+
+
+@pytest.mark.timeout(420)
+def test_server_sigterm_drains_and_client_resumes_after_restart(server, ref):
+    """SIGTERM while a rank streams: exit 0, the rank's call ends UNAVAILABLE (draining), it
+    retries until the server is back and finishes: exactly once."""
+    b = 4
+    steps = -(-ref.total // b)
+    term_at = random.Random(SEED + 3).randint(80, steps - 60)
+
+    stream = RecordingStream(server.target, rank=0, world_size=1, batch_rows=b)
+    reached = threading.Event()
+    rank = Rank(stream, on_batch=lambda n: n == term_at and reached.set())  # keeps streaming
+    try:
+        run_ranks([rank])
+        assert reached.wait(JOIN_S), f"never reached batch {term_at} (seed {SEED})"
+        before = server.log.stat().st_size
+        assert server.terminate() == 0
+        at_stop = len(rank.steps)
+        restarted = server.log.stat().st_size
+        server.start()
+        finish([rank])
+    finally:
+        close_all([stream])
+
+    assert at_stop < steps, "the stream was still going when the server stopped"
+    assert "packfeed serve: stopped" in log_between(server, before, restarted)
+    drained = [details for code, details in stream.recorder.calls if code == grpc.StatusCode.UNAVAILABLE]
+    assert any(SHUTTING_DOWN in d for d in drained), stream.recorder.calls
+    assert stream.reconnects > 0
+    assert_steps(rank.steps, first_step=0, cursor=0, per_step=b, total=ref.total)
+    assert_exactly_once(rank.rows, rank.padding, ref)
+    starts = packing_starts(log_between(server, restarted))
+    assert any(w > 0 and row > 0 for w, row in starts), starts
