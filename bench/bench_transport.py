@@ -29,20 +29,15 @@ from concurrent import futures
 import grpc
 import numpy as np
 from packfeed.client.rows import PackedRows, positions_from_seq_lens
+from packfeed.client.transport import channel_options
 from packfeed.client.v1 import packfeed_pb2, packfeed_pb2_grpc
 from packfeed.client.wire import decode_batch, decode_batch_bytes, encode_batch
 
 SEQ_LEN = 4096
 MAX_MESSAGE = 256 * 1024 * 1024
-OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-    # HTTP/2 frames up to 16 MiB and larger TCP reads: fewer slices per MiB. Worth ~+10-30%
-    # on this box for 1 MiB+ messages (noisy; see the note at the end of the output).
-    ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
-    ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
-    ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20),
-]
+# The channel settings packfeed's server and client use (large HTTP/2 frames and TCP reads:
+# fewer slices per MiB; worth ~+10-30% on this box for 1 MiB+ messages, noisy).
+OPTIONS = channel_options(max_receive=MAX_MESSAGE, max_send=MAX_MESSAGE)
 RAW_METHOD = "/bench.Raw/Stream"
 PAYLOAD_FIELDS = (
     "input_ids",
@@ -186,7 +181,7 @@ def time_rows(
     count = max(4, int(seconds * 1.0e9 / per_msg))
     t0, c0 = time.perf_counter(), cpu_seconds()
     rows = 0
-    for batch, padding, _ in call(packfeed_pb2.StreamRequest(batch_rows=batch_rows, cursor=count)):
+    for batch, padding, _, _ in call(packfeed_pb2.StreamRequest(batch_rows=batch_rows, cursor=count)):
         assert not batch.input_ids.flags.owndata and not batch.labels.flags.writeable  # a view, no copy
         rows += batch.num_rows
     dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0

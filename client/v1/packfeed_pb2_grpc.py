@@ -32,6 +32,9 @@ class PackFeedStub:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
+    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    INTERNAL             the packing pipeline failed (the message says why; health turns
+    NOT_SERVING): fix the data or the server and restart it
     """
 
     def __init__(self, channel):
@@ -59,6 +62,9 @@ class PackFeedServicer:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
+    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    INTERNAL             the packing pipeline failed (the message says why; health turns
+    NOT_SERVING): fix the data or the server and restart it
     """
 
     def Describe(self, request, context):
@@ -105,6 +111,9 @@ class PackFeed:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
+    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    INTERNAL             the packing pipeline failed (the message says why; health turns
+    NOT_SERVING): fix the data or the server and restart it
     """
 
     @staticmethod
