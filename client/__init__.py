@@ -17,6 +17,7 @@ from packfeed.client.rows import (
     cu_seqlens,
     padding_rows,
     positions_from_seq_lens,
+    select_rows,
     seq_lens_from_positions,
 )
 from packfeed.client.stream import Batch, PackedStream, StreamError, StreamInfo
@@ -32,6 +33,7 @@ __all__ = [
     "cu_seqlens",
     "padding_rows",
     "positions_from_seq_lens",
+    "select_rows",
     "seq_lens_from_positions",
     "num_trained_tokens",
     "to_model_inputs",
