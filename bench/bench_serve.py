@@ -150,28 +150,28 @@ def tree_rss(proc: psutil.Process) -> int:
 
 
 def stalled_memory(corpus: Path, work: Path, stall_s: float) -> None:
-    print(f"\n## 3. Server memory (process tree RSS, MiB) with a consumer stalled for {stall_s:.0f} s\n")
-    print("consumer | buffer rows | RSS at 2 batches | min | max during the stall | rows read in all")
-    print("--- | --- | --- | --- | --- | ---")
+    print(f"\n## 3. Server memory (RSS, MiB) with a consumer stalled for {stall_s:.0f} s (--buffer-rows 256)\n")
+    every = 5
+    columns = " | ".join(f"t={t}s" for t in range(0, int(stall_s) + 1, every))
+    print(f"consumer | what | {columns} | rows read in all")
+    print("--- | --- | " + " | ".join("---" for _ in range(0, int(stall_s) + 1, every)) + " | ---")
     for label, pause in (("reads without pause", 0.0), ("stalls after 2 batches", stall_s)):
         server = ServerProcess([*data_args(corpus), "--buffer-rows", "256"], log=work / "memory.log",
                                state_dir=work / f"state-mem-{pause}")
         server.start()
         proc = psutil.Process(server.proc.pid)
-        samples: list[int] = []
+        samples: list[tuple[int, int]] = []  # (server process, whole tree) every second
         stop = threading.Event()
 
         def sample() -> None:
-            while not stop.wait(1.0):
-                samples.append(tree_rss(proc))
+            while not stop.wait(1.0) and len(samples) <= stall_s:
+                samples.append((proc.memory_info().rss, tree_rss(proc)))
 
         def on_batch(n: int) -> None:
             if n == 2:
-                samples.clear()
                 sampler.start()
                 if pause:
                     time.sleep(pause)
-                    stop.set()
 
         sampler = threading.Thread(target=sample, daemon=True)
         try:
@@ -179,13 +179,16 @@ def stalled_memory(corpus: Path, work: Path, stall_s: float) -> None:
         finally:
             stop.set()
             server.kill()
-        mib = [s / 2**20 for s in samples] or [0.0]
-        print(f"{label} | 256 | {mib[0]:,.0f} | {min(mib):,.0f} | {max(mib):,.0f} | {got['rows']:,}")
+        for what, k in (("server process", 0), ("process tree", 1)):
+            values = " | ".join(f"{samples[t][k] / 2**20:,.0f}" if t < len(samples) else "-"
+                                for t in range(0, int(stall_s) + 1, every))
+            print(f"{label} | {what} | {values} | {got['rows']:,}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=("cold", "resume", "memory"), help="run one section")
     args = parser.parse_args()
     samples = 20_000 if args.quick else 60_000
     fractions = [0.0, 0.5, 0.95] if args.quick else [0.0, 0.25, 0.5, 0.75, 0.95]
@@ -195,9 +198,12 @@ def main() -> None:
         write_corpus(corpus, samples, seed=0)
         print(f"corpus: {samples:,} samples ({corpus.stat().st_size / 2**20:.0f} MB), tokenizer: bundled demo BPE, "
               f"{psutil.cpu_count()} CPUs")
-        cold_start(corpus, work)
-        resume_cost(corpus, work, fractions)
-        stalled_memory(corpus, work, stall_s=15 if args.quick else 30)
+        if args.only in (None, "cold"):
+            cold_start(corpus, work)
+        if args.only in (None, "resume"):
+            resume_cost(corpus, work, fractions)
+        if args.only in (None, "memory"):
+            stalled_memory(corpus, work, stall_s=15 if args.quick else 30)
 
 
 if __name__ == "__main__":
