@@ -149,6 +149,36 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def memory_run(corpus: Path, work: Path, *, pause: float, seconds: float) -> tuple[list[tuple[int, int]], dict]:
+    """Read the whole stream, pausing ``pause`` s after the second batch; RSS (server process,
+    whole tree) every second for ``seconds`` s from that batch on."""
+    server = ServerProcess([*data_args(corpus), "--buffer-rows", "256"], log=work / "memory.log",
+                           state_dir=work / f"state-mem-{pause}")
+    server.start()
+    proc = psutil.Process(server.proc.pid)
+    samples: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(1.0) and len(samples) <= seconds:
+            samples.append((proc.memory_info().rss, tree_rss(proc)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+
+    def on_batch(n: int) -> None:
+        if n == 2:
+            sampler.start()
+            if pause:
+                time.sleep(pause)
+
+    try:
+        got = read_stream(server.target, on_batch=on_batch)
+    finally:
+        stop.set()
+        server.kill()
+    return samples, got
+
+
 def stalled_memory(corpus: Path, work: Path, stall_s: float) -> None:
     print(f"\n## 3. Server memory (RSS, MiB) with a consumer stalled for {stall_s:.0f} s (--buffer-rows 256)\n")
     every = 5
@@ -156,29 +186,7 @@ def stalled_memory(corpus: Path, work: Path, stall_s: float) -> None:
     print(f"consumer | what | {columns} | rows read in all")
     print("--- | --- | " + " | ".join("---" for _ in range(0, int(stall_s) + 1, every)) + " | ---")
     for label, pause in (("reads without pause", 0.0), ("stalls after 2 batches", stall_s)):
-        server = ServerProcess([*data_args(corpus), "--buffer-rows", "256"], log=work / "memory.log",
-                               state_dir=work / f"state-mem-{pause}")
-        server.start()
-        proc = psutil.Process(server.proc.pid)
-        samples: list[tuple[int, int]] = []  # (server process, whole tree) every second
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.wait(1.0) and len(samples) <= stall_s:
-                samples.append((proc.memory_info().rss, tree_rss(proc)))
-
-        def on_batch(n: int) -> None:
-            if n == 2:
-                sampler.start()
-                if pause:
-                    time.sleep(pause)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        try:
-            got = read_stream(server.target, on_batch=on_batch)
-        finally:
-            stop.set()
-            server.kill()
+        samples, got = memory_run(corpus, work, pause=pause, seconds=stall_s)
         for what, k in (("server process", 0), ("process tree", 1)):
             values = " | ".join(f"{samples[t][k] / 2**20:,.0f}" if t < len(samples) else "-"
                                 for t in range(0, int(stall_s) + 1, every))

@@ -261,7 +261,7 @@ def test_concurrent_consumers_at_different_positions():
     hub.close()
     assert not errors, errors
     assert len(results) == len(threads)
-    for w, b, c in groups:
+    for w, _, c in groups:
         every = sorted(g for k in range(w) for g in results[(c, k)])
         assert every == list(range(c, stream.total)), f"group world_size={w} cursor={c}"
     assert hub.peak_held <= 512
