@@ -153,7 +153,7 @@ def _steady_rate(timeline: list[tuple[float, int]], num_workers: int) -> float:
     return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
 
 
-def _root_cause(exc: BaseException) -> BaseException:
+def root_cause(exc: BaseException) -> BaseException:
     """Unwrap Ray's task errors to the exception the user's data raised."""
     seen = set()
     while id(exc) not in seen:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packfeed {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # Ray wraps errors raised inside actors
-        cause = _root_cause(exc)
+        cause = root_cause(exc)
         if isinstance(cause, (ValueError, FileNotFoundError)):
             print(f"packfeed {args.command}: error: {cause}", file=sys.stderr)
             return 2

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from packfeed.client.transport import TOKEN_ENV, resolve_token
-from packfeed.service.cli import add_data_arguments, data_config_from_args, load_config_file
+from packfeed.service.cli import add_data_arguments, data_config_from_args, load_config_file, root_cause
 from packfeed.service.config import DataConfig
 
 
@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
               f"{format_summary(stats)}", file=sys.stderr, flush=True)
 
     def reader_failed(exc: BaseException) -> None:
-        print(f"packfeed serve: the pipeline failed, NOT_SERVING from now on: {type(exc).__name__}: {exc}",
+        cause = root_cause(exc)
+        print(f"packfeed serve: the pipeline failed, NOT_SERVING from now on: {type(cause).__name__}: {cause}",
               file=sys.stderr, flush=True)
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)

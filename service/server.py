@@ -23,7 +23,6 @@ message says why).
 from __future__ import annotations
 
 import hmac
-import logging
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -43,9 +42,8 @@ from packfeed.client.transport import (
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
+from packfeed.service.cli import root_cause
 from packfeed.service.hub import ConsumerGone, HubClosed, RowHub
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,8 +97,8 @@ class PackFeedService:
                 except HubClosed:
                     context.abort(grpc.StatusCode.UNAVAILABLE, "packfeed server shutting down: reconnect and resume from your cursor")
                 except Exception as exc:  # the pipeline failed (e.g. a bad sample under --strict)
-                    logger.exception("stream failed")
-                    context.abort(grpc.StatusCode.INTERNAL, f"packfeed pipeline failed: {type(exc).__name__}: {exc}")
+                    cause = root_cause(exc)  # what the data raised, not Ray's wrapper
+                    context.abort(grpc.StatusCode.INTERNAL, f"packfeed pipeline failed: {type(cause).__name__}: {cause}")
                 if total is not None:
                     if cursor > total:
                         context.abort(grpc.StatusCode.OUT_OF_RANGE, _past_end(cursor, total))

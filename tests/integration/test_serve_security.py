@@ -449,3 +449,19 @@ def test_cli_refuses_non_loopback_without_token_before_starting_ray(tmp_path):
     assert "--auth-token-file" in proc.stderr and "--insecure" in proc.stderr and "0.0.0.0" in proc.stderr
     assert "Ray:" not in proc.stderr and "listening on" not in proc.stderr, "it started Ray or the server"
     assert elapsed < 60, f"took {elapsed:.0f}s to refuse"
+
+
+def test_a_bad_sample_under_strict_is_a_clear_error_and_the_server_turns_not_serving(tmp_path):
+    good = '{"text": "a short story about a lantern and a harbor"}\n'
+    data = tmp_path / "broken.jsonl"
+    data.write_text(good * 40 + '{"text": "no closing brace"\n' + good * 40)
+    args = [str(data), "--tokenizer", demo_args()[demo_args().index("--tokenizer") + 1], "--seq-len", "64",
+            "--strict", "--num-workers", "1"]
+    with ServerProcess(args, log=tmp_path / "serve.log", state_dir=tmp_path / "state", env={"RAY_ADDRESS": ""}) as server:
+        with pytest.raises(StreamError) as err, PackedStream(server.target, batch_rows=2) as stream:
+            list(stream)
+        assert err.value.code == grpc.StatusCode.INTERNAL
+        assert "broken.jsonl" in err.value.details and "41" in err.value.details, err.value.details
+        with grpc.insecure_channel(server.target) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
