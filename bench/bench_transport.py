@@ -39,16 +39,8 @@ MAX_MESSAGE = 256 * 1024 * 1024
 # fewer slices per MiB; worth ~+10-30% on this box for 1 MiB+ messages, noisy).
 OPTIONS = channel_options(max_receive=MAX_MESSAGE, max_send=MAX_MESSAGE)
 RAW_METHOD = "/bench.Raw/Stream"
-PAYLOAD_FIELDS = (
-    "input_ids",
-    "labels",
-    "position_ids",
-    "seq_lens",
-    "segment_splits",
-    "sample_ids",
-    "row_index",
-    "padding_rows",
-)
+# The row payload: every raw-bytes column of PackedBatch (ids, labels, positions, segments, ...).
+PAYLOAD_FIELDS = tuple(f.name for f in packfeed_pb2.PackedBatch.DESCRIPTOR.fields if f.type == f.TYPE_BYTES)
 
 
 def synthetic_rows(num_rows: int, seq_len: int = SEQ_LEN, seed: int = 0) -> PackedRows:
