@@ -20,7 +20,7 @@ from packfeed.client.rows import (
     select_rows,
     seq_lens_from_positions,
 )
-from packfeed.client.stream import Batch, PackedStream, StreamError, StreamInfo
+from packfeed.client.stream import Batch, PackedStream, SourceInfo, StreamError, StreamInfo
 
 __all__ = [
     "COLUMN_DTYPES",
@@ -39,6 +39,7 @@ __all__ = [
     "to_model_inputs",
     "Batch",
     "PackedStream",
+    "SourceInfo",
     "StreamError",
     "StreamInfo",
     # PackedIterableDataset is left out so that `from packfeed.client import *` needs no torch.

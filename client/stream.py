@@ -8,8 +8,10 @@
     # later, or after a crash:
     stream = PackedStream("127.0.0.1:50051", rank=0, world_size=2, batch_rows=8, state=saved["stream"])
 
-Rank k of N gets the rows whose global index is k mod N, B per step; every rank gets the same
-number of steps, the last ones padded with flagged all-padding rows (``batch.padding_rows``;
+The stream runs through every epoch of the server's data config, one after the other, with
+global row indices that keep counting. Rank k of N gets the rows whose global index is k mod
+N, B per step; every rank gets the same number of steps, the last ones padded with flagged
+all-padding rows (``batch.padding_rows``;
 they carry no trained token). ``state_dict()`` is the cursor after the last batch YIELDED (not
 the last one prefetched), so resuming from it neither skips nor repeats a row, also with
 another world size or batch size (the cursor is a step boundary of the global stream).
@@ -38,17 +40,20 @@ import grpc
 import numpy as np
 from packfeed.client.rows import PackedRows
 from packfeed.client.transport import (
+    MAX_MESSAGE_BYTES,
     MAX_REQUEST_BYTES,
     SERVICE_NAME,
     auth_metadata,
     batch_message_limit,
     channel_options,
+    diagnose_tls,
     resolve_token,
 )
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, DecodedBatch, decode_batch_bytes
 
 STATE_VERSION = 1
+MAX_BATCH_ROWS = 1 << 16  # rows per batch a client may ask for at all (a server's own limit is lower)
 
 # Worth retrying from the cursor: the server restarts, drains, is briefly overloaded, or the
 # connection dropped. Everything else (UNAUTHENTICATED, INVALID_ARGUMENT, OUT_OF_RANGE,
@@ -100,16 +105,35 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class SourceInfo:
+    """One source of the server's mixture."""
+
+    name: str
+    rows: int
+    samples_per_epoch: int
+    planned_share: float
+
+
+@dataclass(frozen=True)
 class StreamInfo:
-    """What the server streams (its Describe answer)."""
+    """What the server streams (its Describe answer).
+
+    ``total_rows``: rows of the whole stream (all epochs), None until the server's pipeline
+    reached the end. ``epoch_rows``: rows of each epoch whose end it reached, in order.
+    """
 
     seq_len: int
     tokenizer_name: str
     vocab_size: int
     pad_id: int
     config_hash: str
-    rows_per_epoch: int | None
+    total_rows: int | None
     ignore_index: int
+    epochs: int = 1
+    epoch_rows: tuple[int, ...] = ()
+    sources: tuple[SourceInfo, ...] = ()
+    samples_per_epoch: int = 0
+    max_batch_rows: int = 0
 
 
 _END = object()
@@ -122,6 +146,9 @@ class PackedStream:
     ``tls_ca``: PEM file (or bytes) of the CA that signed the server's certificate: use TLS.
     ``state``: a ``state_dict()`` to resume from. ``prefetch``: batches kept ready.
     ``retry_timeout_s``: give up reconnecting after this long without a batch.
+    ``progress_timeout_s``: raise a DEADLINE_EXCEEDED ``StreamError`` when a connected stream
+    delivers no batch for this long (a server whose packing is stuck). A TLS mismatch (a
+    plaintext client against a TLS server, another CA) is diagnosed at once, not retried.
     """
 
     def __init__(
@@ -137,16 +164,31 @@ class PackedStream:
         prefetch: int = 4,
         retry_timeout_s: float = 300.0,
         max_backoff_s: float = 5.0,
+        progress_timeout_s: float = 900.0,
     ) -> None:
-        if world_size < 1 or not 0 <= rank < world_size:
+        for name, value, low in (("rank", rank, 0), ("world_size", world_size, 1), ("batch_rows", batch_rows, 1),
+                                 ("prefetch", prefetch, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if rank >= world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if batch_rows < 1 or prefetch < 1:
-            raise ValueError(f"batch_rows and prefetch must be >= 1, got {batch_rows}, {prefetch}")
+        if batch_rows > MAX_BATCH_ROWS:
+            raise ValueError(f"batch_rows {batch_rows:,} is above {MAX_BATCH_ROWS:,} (servers accept at most their "
+                             "--max-batch-rows, 256 by default): use fewer rows per batch")
+        for name, value in (("retry_timeout_s", retry_timeout_s), ("max_backoff_s", max_backoff_s),
+                            ("progress_timeout_s", progress_timeout_s)):
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(target, str) or ":" not in target:
+            raise ValueError(f"target must be 'host:port', got {target!r}")
         self.target, self.rank, self.world_size, self.batch_rows = target, rank, world_size, batch_rows
         self.retry_timeout_s, self.max_backoff_s = retry_timeout_s, max_backoff_s
+        self.progress_timeout_s = progress_timeout_s
         self._metadata = auth_metadata(resolve_token(token))
         if isinstance(tls_ca, (str, Path)):
             tls_ca = Path(tls_ca).read_bytes()
+        self._tls_ca = tls_ca
+        self._tls_checked = False
         self._credentials = None if tls_ca is None else grpc.ssl_channel_credentials(root_certificates=tls_ca)
         state = dict(state or {})
         if state and state.get("version") != STATE_VERSION:
@@ -183,8 +225,13 @@ class PackedStream:
             vocab_size=info.vocab_size,
             pad_id=info.pad_id,
             config_hash=info.config_hash,
-            rows_per_epoch=info.rows_per_epoch if info.HasField("rows_per_epoch") else None,
+            total_rows=info.total_rows if info.HasField("total_rows") else None,
             ignore_index=info.ignore_index,
+            epochs=info.epochs or 1,
+            epoch_rows=tuple(info.epoch_rows),
+            sources=tuple(SourceInfo(s.name, s.rows, s.samples_per_epoch, s.planned_share) for s in info.sources),
+            samples_per_epoch=info.samples_per_epoch,
+            max_batch_rows=info.max_batch_rows,
         )
 
     def state_dict(self) -> dict:
@@ -205,7 +252,15 @@ class PackedStream:
             raise StopIteration
         if self._thread is None:
             self._start()
-        item = self._queue.get()
+        try:
+            item = self._queue.get(timeout=self.progress_timeout_s)
+        except queue.Empty:
+            self.close()
+            raise StreamError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no batch from {self.target} in {self.progress_timeout_s:.0f}s: the server's packing makes no progress "
+                "(see its log; raise progress_timeout_s for very slow first windows)",
+            ) from None
         if item is _END:
             self._done = True
             raise StopIteration
@@ -252,11 +307,18 @@ class PackedStream:
 
     def _start(self) -> None:
         info = self.describe()
+        if info.max_batch_rows and self.batch_rows > info.max_batch_rows:
+            raise ValueError(f"batch_rows {self.batch_rows} is above the server's limit of {info.max_batch_rows} "
+                             "(its --max-batch-rows): use fewer rows per batch")
         if self._config_hash is None:
             self._config_hash = info.config_hash  # pinned: a restarted server must stream the same data
         if self._seq_len is None:
             self._seq_len = info.seq_len
-        self._data = self._channel(batch_message_limit(self.batch_rows, self._seq_len))
+        limit = batch_message_limit(self.batch_rows, self._seq_len)
+        if limit > MAX_MESSAGE_BYTES:
+            raise ValueError(f"batch_rows {self.batch_rows} x seq_len {self._seq_len} makes messages above gRPC's 2 GiB "
+                             "limit: use fewer rows per batch")
+        self._data = self._channel(limit)
         self._thread = threading.Thread(target=self._fetch, name=f"packfeed-stream-rank{self.rank}", daemon=True)
         self._thread.start()
 
@@ -320,6 +382,11 @@ class PackedStream:
                     return None
                 if code not in RETRYABLE:
                     raise StreamError(code, exc.details() or "") from None
+                if code == grpc.StatusCode.UNAVAILABLE and tries >= 2 and not self._tls_checked:
+                    self._tls_checked = True  # a TLS mismatch looks like a down server to gRPC
+                    problem = diagnose_tls(self.target, self._tls_ca)
+                    if problem is not None:
+                        raise StreamError(code, problem) from None
                 if progress() != last:
                     tries, last, deadline = 0, progress(), time.monotonic() + self.retry_timeout_s
                 if time.monotonic() > deadline:

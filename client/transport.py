@@ -15,6 +15,7 @@ TOKEN_ENV = "PACKFEED_AUTH_TOKEN"  # the token when none is given explicitly (se
 AUTH_HEADER = "authorization"
 
 MAX_REQUEST_BYTES = 64 * 1024  # StreamRequest / DescribeRequest are a few bytes
+MAX_MESSAGE_BYTES = (1 << 31) - 1  # gRPC's message size limits are int32
 _ROW_BYTES_PER_TOKEN = 3 * 4  # input_ids, labels, position_ids: int32 each
 _MESSAGE_OVERHEAD = 1 << 20  # per-row and per-segment fields, framing
 
@@ -26,6 +27,48 @@ def batch_message_limit(batch_rows: int, seq_len: int) -> int:
     segments, so a batch is at most B*L*24 bytes plus B*17 and framing.
     """
     return batch_rows * seq_len * (_ROW_BYTES_PER_TOKEN + 12) + batch_rows * 17 + _MESSAGE_OVERHEAD
+
+
+def diagnose_tls(target: str, ca_pem: bytes | None, timeout: float = 5.0) -> str | None:
+    """Why a connection to ``target`` cannot work, when the cause is TLS, or None.
+
+    gRPC reports a TLS mismatch as UNAVAILABLE, like a server that is down, and a client would
+    retry it for minutes. A server that accepts TCP connections but not our handshake is not
+    down: probe it once with the standard library's TLS client. For a plaintext client
+    (``ca_pem`` None): a server that completes a TLS handshake speaks TLS. For a TLS client: a
+    handshake that fails on the certificate means the wrong CA; one that fails on the protocol
+    means a plaintext server.
+    """
+    import socket
+    import ssl
+
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    try:
+        raw = socket.create_connection((host, int(port)), timeout=timeout)
+    except (OSError, ValueError):
+        return None  # nothing listens: a down or restarting server, worth retrying
+    context = ssl.create_default_context(cadata=ca_pem.decode() if ca_pem else None)
+    if ca_pem is None:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    else:
+        context.check_hostname = False  # gRPC checks the name itself; here only the chain matters
+    try:
+        with context.wrap_socket(raw, server_hostname=host or None):
+            pass
+    except ssl.SSLCertVerificationError as e:
+        return (f"TLS handshake with {target} failed: its certificate is not signed by the CA in tls_ca "
+                f"({e.verify_message}): pass the CA that signed the server's certificate")
+    except (ssl.SSLError, OSError, ConnectionError) as e:
+        if ca_pem is None:
+            return None
+        return f"TLS handshake with {target} failed ({e}): is the server serving plaintext? drop tls_ca, or give it --tls-cert"
+    finally:
+        raw.close()
+    if ca_pem is None:
+        return (f"{target} speaks TLS and this client plaintext: pass tls_ca=<the CA that signed the server's "
+                "certificate> (PEM)")
+    return None
 
 
 def channel_options(*, max_receive: int, max_send: int) -> list[tuple[str, int]]:

@@ -7,6 +7,6 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -qq --upgrade pip setuptools wheel
+.venv/bin/python -m pip install -qq -c constraints.txt -e ".[dev]"
 echo "packfeed installed in $(pwd)/.venv"

@@ -1,4 +1,8 @@
-"""Which global rows each consumer gets: pure row assignment for the packed stream.
+"""Which global rows each consumer gets: the one delivery contract of the packed stream.
+
+Used by both consumers of the stream: the gRPC server (``packfeed serve``, one call per rank)
+and the Ray Train feeder (``packfeed train``, whose rank's B rows are ``grad_accum``
+micro-batches). Resume records are the same in both: the cursor below.
 
 Contract (shared/DESIGN.md, "Delivery, determinism, resume"): the stream is a sequence of rows
 with global indices 0, 1, 2, ... A consumer asks for (rank k, world size N, B rows per batch,
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
-from packfeed.client.rows import PackedRows, concat_rows, padding_rows
+from packfeed.client.rows import PackedRows, concat_rows, padding_rows, select_rows
 
 
 class CursorOutOfRange(ValueError):
@@ -121,6 +125,15 @@ def rows_for(
 def padding_row(seq_len: int, pad_id: int, *, row_index: int = -1) -> PackedRows:
     """One all-padding row (see ``padding_rows``)."""
     return padding_rows(1, seq_len, pad_id, [row_index])
+
+
+def split_micro_batches(rows: PackedRows, num_micro: int) -> list[PackedRows]:
+    """A rank's batch of one step as ``num_micro`` micro-batches of equal size, in order
+    (gradient accumulation: micro-batch m is rows m*M .. (m+1)*M - 1, M = B / num_micro)."""
+    if num_micro < 1 or rows.num_rows % num_micro:
+        raise ValueError(f"{rows.num_rows} rows do not split into {num_micro} equal micro-batches")
+    m = rows.num_rows // num_micro
+    return [select_rows(rows, range(i * m, (i + 1) * m)) for i in range(num_micro)]
 
 
 def fill_batch(

@@ -1,8 +1,13 @@
-"""Typed, validated configuration of the data plane.
+"""Typed, validated configuration of the data plane: sources, epochs, tokenization, packing.
 
 Runtime objects (the tokenizer, Ray handles, rank, world size) are arguments, not config. The
 config is everything the packed stream is a deterministic function of, so its hash names the
-stream (the gRPC service uses it to refuse a client that expects another stream).
+stream (the gRPC service uses it to refuse a client that expects another stream). A few fields
+change how a run behaves but not one byte of the rows (``UNHASHED``); they stay out of the hash.
+
+A config is a mixture of sources (``[[data.sources]]`` in a TOML file, see docs/design.md,
+"Mixtures and epochs"); the plain form ``inputs = [...]`` (or ``packfeed pack INPUT...``) is
+one source of repeat 1.
 """
 
 from __future__ import annotations
@@ -10,28 +15,84 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
-from typing import Any, Mapping
+import os
+import re
+from dataclasses import InitVar, dataclass
+from typing import Any, Mapping, Sequence
+
+from packfeed.service.mixture import check_share
 
 STRATEGIES = ("bfd", "concat")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages")
 LOSS_MODES = ("auto", "all", "completion")
+MAX_SEQ_LEN = 1 << 20  # a row of 2^20 tokens; beyond that no model trains and numpy would try TiBs
+DEFAULT_WINDOW_SAMPLES = 8192
+DEFAULT_BLOCK_SAMPLES = 256
+# Fields that change how a run behaves but not the rows it produces.
+UNHASHED = ("max_skip_fraction",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceConfig:
+    """One source of a mixture: files read as one sequence of rows.
+
+    ``paths``: files, directories or globs (as INPUT accepts). Per epoch the source gives
+    round(``repeat`` x its rows) samples, or, when every source has a ``weight``, a share
+    weight / sum(weights) of ``DataConfig.samples_per_epoch``. ``format``/``loss``: None means
+    the data config's.
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    repeat: float | None = None
+    weight: float | None = None
+    format: str | None = None
+    loss: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a source name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.paths, (str, bytes)) or not self.paths:
+            raise ValueError(f"source {self.name!r}: paths must be a non-empty list of files, directories or globs")
+        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
+        if self.repeat is not None and self.weight is not None:
+            raise ValueError(f"source {self.name!r}: give repeat or weight, not both")
+        if self.repeat is not None:
+            object.__setattr__(self, "repeat", check_share(self.repeat, "repeat", self.name))
+        if self.weight is not None:
+            object.__setattr__(self, "weight", check_share(self.weight, "weight", self.name))
+        if self.format is not None:
+            _check_choice(f"source {self.name!r}: format", self.format, FORMATS)
+        if self.loss is not None:
+            _check_choice(f"source {self.name!r}: loss", self.loss, LOSS_MODES)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["paths"] = list(self.paths)
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """What to read, how to tokenize it and how to pack it.
+    """What to read, how to mix and tokenize it, and how to pack it.
 
-    ``window_samples`` is the packing window: each run of that many consecutive samples is
-    packed on its own (bounded memory, parallel, deterministic). Larger windows pack tighter
-    and take longer to the first row; see bench/bench_packing.py for the trade (SFT-like lengths
-    at L=4096: 4k samples per window pack to 1.001x the bound, 8k-16k to 1.0003-1.0005x).
+    ``window_samples``: samples packed together (bounded memory, parallel, deterministic).
+    Larger windows pack tighter and take longer to the first row (bench/bench_packing.py:
+    SFT-like lengths at L=4096 pack to 1.001x the bound with 4k samples per window). None
+    (default) picks ``auto_window(samples per epoch)``: 8192, fewer for small data so that
+    several packing workers have work. ``block_samples``: rows read together when a source
+    is shuffled (see mixture.py); 0 reads every source in file order.
+    ``max_skip_fraction``: fail the run when more than this fraction of the samples read is
+    skipped as bad (None: never; a run that packs nothing always fails).
     """
 
-    inputs: tuple[str, ...]
+    sources: tuple[SourceConfig, ...] = ()
+    inputs: InitVar[Sequence[str] | None] = None
     tokenizer: str
     seq_len: int
+    epochs: int = 1
+    samples_per_epoch: int | None = None
     strategy: str = "bfd"
     overlong: str = "truncate"
     format: str = "auto"
@@ -39,45 +100,137 @@ class DataConfig:
     add_eos: bool = True
     seed: int = 0
     strict: bool = False
-    window_samples: int = 8192
+    window_samples: int | None = None
+    block_samples: int = DEFAULT_BLOCK_SAMPLES
+    max_skip_fraction: float | None = None
 
-    def __post_init__(self) -> None:
-        if isinstance(self.inputs, (str, bytes)) or not self.inputs:
-            raise ValueError("inputs must be a non-empty list of paths")
-        object.__setattr__(self, "inputs", tuple(str(p) for p in self.inputs))
-        if not self.tokenizer:
+    def __post_init__(self, inputs: Sequence[str] | None) -> None:
+        if inputs is not None:
+            if self.sources:
+                raise ValueError("give inputs or sources, not both")
+            if isinstance(inputs, (str, bytes)) or not inputs:
+                raise ValueError("inputs must be a non-empty list of paths")
+            object.__setattr__(self, "sources", (SourceConfig(name=default_source_name(inputs), paths=tuple(inputs)),))
+        sources = tuple(self.sources)
+        if not sources:
+            raise ValueError("no data: give INPUT... (or `inputs` / [[data.sources]] in the config's [data] table)")
+        object.__setattr__(self, "sources", sources)
+        names = [s.name for s in sources]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"source names must be unique, {dup} appear more than once: set `name` on each source")
+        weighted = [s.weight is not None for s in sources]
+        if any(weighted) and not all(weighted):
+            missing = [s.name for s, w in zip(sources, weighted) if not w]
+            raise ValueError(f"sources {missing} have no weight: with weights, every source needs one (or use repeat everywhere)")
+        if all(weighted) and self.samples_per_epoch is None:
+            raise ValueError("sources with weight need [data] samples_per_epoch (how many samples one epoch holds)")
+        if not all(weighted) and self.samples_per_epoch is not None:
+            raise ValueError("samples_per_epoch applies to sources with weight; with repeat, an epoch's size follows the sources")
+        if self.samples_per_epoch is not None:
+            _check_int("samples_per_epoch", self.samples_per_epoch, 1)
+        if not self.tokenizer or not isinstance(self.tokenizer, str):
             raise ValueError("tokenizer must name a local directory or a Hugging Face id")
-        if not isinstance(self.seq_len, int) or self.seq_len < 2:
-            raise ValueError(f"seq_len must be an integer >= 2, got {self.seq_len!r}")
+        _check_int("seq_len", self.seq_len, 2)
+        if self.seq_len > MAX_SEQ_LEN:
+            raise ValueError(f"seq_len must be at most {MAX_SEQ_LEN:,} tokens per row, got {self.seq_len:,}")
+        _check_int("epochs", self.epochs, 1)
         _check_choice("strategy", self.strategy, STRATEGIES)
         _check_choice("overlong", self.overlong, OVERLONG_POLICIES)
         _check_choice("format", self.format, FORMATS)
         _check_choice("loss", self.loss, LOSS_MODES)
-        if not isinstance(self.window_samples, int) or self.window_samples < 1:
-            raise ValueError(f"window_samples must be a positive integer, got {self.window_samples!r}")
-        if not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.window_samples is not None:
+            _check_int("window_samples", self.window_samples, 1)
+        _check_int("block_samples", self.block_samples, 0)
+        _check_int("seed", self.seed, 0)
+        if self.max_skip_fraction is not None:
+            f = self.max_skip_fraction
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+                raise ValueError(f"max_skip_fraction must be a number in [0, 1], got {f!r}")
+
+    @property
+    def weighted(self) -> bool:
+        return self.sources[0].weight is not None
+
+    def source_format(self, source: SourceConfig) -> str:
+        return source.format or self.format
+
+    def source_loss(self, source: SourceConfig) -> str:
+        return source.loss or self.loss
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["inputs"] = list(self.inputs)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["sources"] = [s.to_dict() for s in self.sources]
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DataConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
+        """From a config file's [data] table (``inputs`` or ``sources``), with clear errors."""
+        known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
         d = dict(d)
+        if "sources" in d:
+            if not isinstance(d["sources"], (list, tuple)):
+                raise ValueError("sources must be a list of tables ([[data.sources]] in TOML)")
+            built: list[SourceConfig] = []
+            for i, s in enumerate(d["sources"]):
+                built.append(_source_from_dict(s, i, [b.name for b in built]))
+            d["sources"] = tuple(built)
         if "inputs" in d:
-            d["inputs"] = tuple(d["inputs"])
+            d["inputs"] = tuple(d["inputs"]) if isinstance(d["inputs"], (list, tuple)) else d["inputs"]
         return cls(**d)
 
     def config_hash(self) -> str:
-        """Stable hex digest of every field the stream depends on."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        """Stable hex digest of every field the stream depends on (not ``UNHASHED`` ones)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in UNHASHED}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ``inputs`` is an init-only shorthand (one source); read back, it is every source's paths in
+# order (without this, the init-only field's class default would silently read None).
+DataConfig.inputs = property(  # type: ignore[assignment]
+    lambda self: tuple(p for s in self.sources for p in s.paths), doc="every source's paths, in order"
+)
+
+
+def default_source_name(paths: Sequence[str]) -> str:
+    """A name from the first path: ``data/chat/`` -> chat, ``web.parquet`` -> web,
+    ``corpus/*.jsonl`` -> corpus."""
+    parts = [p for p in re.split(r"[\\/]", os.fspath(paths[0])) if p and p != "."]
+    plain = [p for p in parts if not any(c in p for c in "*?[")]
+    if not plain:
+        return "data"
+    last = plain[-1]
+    return (os.path.splitext(last)[0] if last == parts[-1] else last) or "data"
+
+
+def _source_from_dict(d: Any, index: int, taken: Sequence[str]) -> SourceConfig:
+    if isinstance(d, SourceConfig):
+        return d
+    if not isinstance(d, Mapping):
+        raise ValueError(f"[[data.sources]] entry {index} must be a table, got {type(d).__name__}")
+    label = repr(d.get("name")) if d.get("name") else f"#{index + 1}"
+    known = {f.name for f in dataclasses.fields(SourceConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"source {label}: unknown keys {unknown}; known keys: {sorted(known)}")
+    if "paths" not in d:
+        raise ValueError(f"source {label}: missing `paths` (files, directories or globs)")
+    paths = d["paths"]
+    if isinstance(paths, str):
+        paths = [paths]
+    d = {**d, "paths": tuple(paths)}
+    if not d.get("name"):
+        name = default_source_name(paths)
+        d["name"] = name if name not in taken else f"{name}-{index + 1}"
+    return SourceConfig(**d)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

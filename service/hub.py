@@ -1,31 +1,43 @@
-"""RowHub: the packed stream held once in the server, read by many consumers by row index.
+"""RowHub: the packed stream held once, read by many consumers by global row index.
 
-The gRPC server runs ONE reader of the deterministic packed stream (a ``PackedStream`` over Ray
-Data, or any iterator of windows in tests) and keeps a bounded buffer of its most recent rows.
-Every consumer (one ``StreamBatches`` call: a rank of some world size) asks for the global row
-indices of its next step and gets them as soon as the reader has produced them.
+One hub serves every consumer of a stream: the gRPC server's ``StreamBatches`` calls (ranks
+of any world size) and the Ray Train feeder's ranks. It runs ONE main reader of the
+deterministic stream (a ``PackingPipeline``, or any iterator of windows in tests) and keeps a
+bounded buffer of its most recent rows; each consumer asks for the global row indices of its
+next step and gets them once produced.
 
 Memory is bounded by ``capacity`` rows (plus the window the reader is adding): the reader
 pauses while the buffer is full of rows some consumer still needs. So a stalled consumer
-stalls the reader, never grows the server; consumers of one server move within
-``capacity`` rows of the slowest one, which data-parallel ranks do anyway.
+stalls the reader, never grows the server; consumers of one stream move within ``capacity``
+rows of the slowest one, which data-parallel ranks do anyway. A consumer that asks for nothing
+for ``idle_timeout_s`` stops holding rows back (it is *detached*; when it comes back it is
+served as a far consumer, below).
 
-Rows that are no longer in the buffer (a late consumer, a restarted server, a resume with
-another world size) are produced again by restarting the reader at the window that holds the
-row. ``Manifest`` remembers, per window of the seeded plan order, the global index of its first
-row (written to disk as windows arrive), so a restart packs at most the windows from that
-window on: the cost of a resume does not grow with the cursor. Without a manifest entry the
-reader starts at the last window it knows, at worst the first.
+Far consumers. Rows below the buffer (a late or returning consumer, a peek at cursor 0) are
+not worth moving the main reader for while other consumers read where it is: they are served
+by the *catch-up* path, which packs exactly the windows such a consumer needs, one at a time
+(``pack_window``), and caches at most ``capacity`` rows of them. So a far consumer costs
+packing work for its own rows only and never evicts what near consumers need. The main reader
+moves (restarts at the window holding the row) only when no attached consumer reads where it
+is, or when there is no catch-up path (the trainer's feeder: its ranks always move together).
 
-Pure Python threads, numpy and packfeed.client: no gRPC, no Ray (the reader is injected).
+``Manifest`` remembers, per window, the global index of its first row (written to disk as
+windows arrive), so a restart or a catch-up packs at most the windows from that window on: the
+cost of a resume does not grow with the cursor. Without an entry the reader starts at the last
+window it knows, at worst the first.
+
+Pure Python threads, numpy and packfeed.client: no gRPC, no Ray (readers are injected).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
 import os
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -33,9 +45,13 @@ from typing import Callable, Iterable
 import numpy as np
 from packfeed.client.rows import PackedRows, concat_rows, select_rows
 
-# open_reader(start_window, first_row) -> iterator of (window position, rows); rows carry global
+logger = logging.getLogger("packfeed")
+
+# open_reader(start_window, first_row) -> iterator of (window, rows); rows carry global
 # row_index first_row, first_row + 1, ... in stream order.
 OpenReader = Callable[[int, int], Iterable[tuple[int, PackedRows]]]
+# pack_window(window) -> that window's rows (row_index local), or None past the last window.
+PackWindow = Callable[[int], "PackedRows | None"]
 
 PIECE_ROWS = 64  # windows are stored in pieces of this many rows: the unit of eviction
 
@@ -49,12 +65,12 @@ class HubClosed(Exception):
 
 
 class Manifest:
-    """Global index of the first row of each window (by position in the seeded plan order),
-    and the stream length once a reader has reached the end. Optionally persisted as JSON at
-    ``path`` (rewritten atomically when it learns something new).
+    """Global index of the first row of each window, and the stream length once known.
+    Optionally persisted as JSON at ``path`` (rewritten atomically when it learns something).
 
-    ``key`` identifies the stream (data config hash + the planned windows): a file written for
-    another key is ignored, never trusted.
+    ``key`` identifies the stream (data config hash + the plan): a file written for another
+    key is ignored, never trusted. The file is a cache: a failed write is logged once and the
+    stream goes on (``check_writable`` is the start-up check).
     """
 
     def __init__(self, key: str, path: Path | None = None) -> None:
@@ -63,19 +79,29 @@ class Manifest:
         self._lock = threading.Lock()
         self.first_row: dict[int, int] = {0: 0}
         self.total_rows: int | None = None
+        self._write_failed = False
         if self.path is not None and self.path.exists():
             try:
                 saved = json.loads(self.path.read_text())
             except (OSError, ValueError):
                 saved = {}
-            if saved.get("key") == key:
+            if isinstance(saved, dict) and saved.get("key") == key:
                 self.first_row.update({int(w): int(r) for w, r in saved.get("first_row", {}).items()})
                 self.total_rows = saved.get("total_rows")
 
+    def check_writable(self) -> None:
+        """OSError naming the directory unless the manifest can be written there."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        probe = self.path.with_suffix(f".probe{os.getpid()}")
+        probe.write_text("")
+        probe.unlink()
+
     def locate(self, row: int) -> tuple[int, int]:
-        """(window position, its first row) of the latest known window starting at or before ``row``."""
+        """(window, its first row) of the latest known window starting at or before ``row``."""
         with self._lock:
-            known = sorted(self.first_row.items(), key=lambda wr: wr[1])
+            known = sorted(self.first_row.items(), key=lambda wr: (wr[1], wr[0]))
         rows = [r for _, r in known]
         i = bisect.bisect_right(rows, row) - 1
         return known[max(i, 0)]
@@ -94,15 +120,26 @@ class Manifest:
             self.total_rows = total_rows
         self._save()
 
+    def to_dict(self) -> dict:
+        with self._lock:
+            return {"key": self.key, "first_row": {str(w): r for w, r in self.first_row.items()},
+                    "total_rows": self.total_rows}
+
     def _save(self) -> None:
         if self.path is None:
             return
         with self._lock:  # held while writing: an older snapshot never replaces a newer one
             blob = json.dumps({"key": self.key, "first_row": self.first_row, "total_rows": self.total_rows})
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(blob)
-            os.replace(tmp, self.path)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(blob)
+                os.replace(tmp, self.path)
+            except OSError as e:
+                if not self._write_failed:
+                    logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
+                                   "restart will pack from the last window it knows", self.path, e)
+                self._write_failed = True
 
 
 @dataclass
@@ -115,21 +152,29 @@ class _Piece:
         return self.start + self.rows.num_rows
 
 
+@dataclass
+class _ConsumerState:
+    need: int = 0  # lowest row it may still ask for
+    last_active: float = 0.0
+    attached: bool = False  # holds back the main reader's eviction
+
+
 class RowHub:
     """Rows of the packed stream by global index, for many consumers, in bounded memory.
 
-    ``open_reader``: starts the stream at a window (see OpenReader). ``capacity``: rows held at
-    most (plus one window in flight). Use::
+    ``open_reader``: starts the main stream at a window (see OpenReader). ``pack_window``:
+    the catch-up path for far consumers (None: far requests move the main reader).
+    ``capacity``: rows held at most by the main buffer, and again by the catch-up cache. Use::
 
         with hub.consumer() as c:
             rows, total = c.rows(range(0, 8, 2))  # blocks until produced
 
     A consumer's step (the rows from its lowest to its highest index) must span at most
-    ``capacity - PIECE_ROWS`` rows, or it could wait for rows that do not fit: the server checks.
+    ``capacity - PIECE_ROWS`` rows, or it could wait for rows that do not fit: callers check.
 
-    An error raised by the reader (a bad sample under --strict, a lost Ray worker) reaches every
-    consumer whose rows are not held yet; rows already held are still served. The failed reader
-    is not restarted (the server reports NOT_SERVING through ``on_error``): restart the server.
+    An error raised by the main reader (a bad sample under --strict, a lost Ray worker)
+    reaches every consumer whose rows are not held yet; rows already held are still served.
+    The failed reader is not restarted (the server reports NOT_SERVING through ``on_error``).
     """
 
     def __init__(
@@ -138,29 +183,39 @@ class RowHub:
         manifest: Manifest,
         *,
         capacity: int = 2048,
+        pack_window: PackWindow | None = None,
+        idle_timeout_s: float = 120.0,
         poll_s: float = 0.2,
         on_error: Callable[[BaseException], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity < 2 * PIECE_ROWS:
             raise ValueError(f"capacity must be >= {2 * PIECE_ROWS} rows, got {capacity}")
-        self._open_reader = open_reader
-        self._on_error = on_error
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        self._open_reader, self._pack_window, self._on_error = open_reader, pack_window, on_error
         self.manifest = manifest
         self.capacity = capacity
-        self._poll_s = poll_s
+        self.idle_timeout_s = idle_timeout_s
+        self._poll_s, self._clock = poll_s, clock
         self._cond = threading.Condition()
         self._pieces: list[_Piece] = []
         self._held = 0  # rows in self._pieces
         self._floor = 0  # rows below this index are not held and the reader will not produce them
-        self._produced = 0  # the reader has produced every row below this index
+        self._produced = 0  # the main reader has produced every row below this index
         self._generation = 0  # bumped to stop the current reader thread
         self._reader: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._needs: dict[int, int] = {}  # consumer id -> lowest row it may still ask for
-        self._waiting: dict[int, int] = {}  # consumer id -> the highest row it is waiting for
+        self._consumers: dict[int, _ConsumerState] = {}
+        self._waiting: dict[object, int] = {}  # one entry per waiting call: the highest row it waits for
         self._next_consumer = 0
         self._closed = False
-        self.restarts = 0  # readers started (for stats and tests)
+        self._catchup_lock = threading.Lock()  # one catch-up window packed at a time
+        self._catchup: OrderedDict[int, _Piece] = OrderedDict()  # window -> its rows (global index)
+        self._catchup_rows = 0
+        self.restarts = 0  # main readers started (for stats and tests)
+        self.catchup_windows = 0  # windows packed by the catch-up path
+        self.rows_served = 0
         self.peak_held = 0
 
     # -- consumers ------------------------------------------------------------------------------
@@ -169,6 +224,8 @@ class RowHub:
         with self._cond:
             cid = self._next_consumer
             self._next_consumer += 1
+            # Detached until its first request: a consumer that has asked for nothing yet holds nothing back.
+            self._consumers[cid] = _ConsumerState(last_active=self._clock(), attached=False)
         return Consumer(self, cid, alive)
 
     @property
@@ -181,11 +238,24 @@ class RowHub:
         with self._cond:
             return self._held
 
+    def snapshot(self) -> dict:
+        """Numbers for logs and metrics: buffer, reader position, consumers and their lag."""
+        with self._cond:
+            now = self._clock()
+            needs = [c.need for c in self._consumers.values()]
+            return {
+                "held_rows": self._held, "capacity": self.capacity, "produced": self._produced,
+                "floor": self._floor, "consumers": len(self._consumers),
+                "attached": sum(1 for c in self._consumers.values() if self._is_attached(c, now)),
+                "max_lag": max((self._produced - n for n in needs), default=0),
+                "restarts": self.restarts, "catchup_windows": self.catchup_windows, "rows_served": self.rows_served,
+            }  # fmt: skip
+
     def start(self) -> None:
         """Start reading from the beginning before any consumer asks (warms the pipeline up)."""
         with self._cond:
             if self._reader is None and not self._closed:
-                self._restart_reader()
+                self._restart_reader(0)
 
     def drain(self) -> None:
         """Stop serving: every waiting and future request raises HubClosed."""
@@ -194,19 +264,24 @@ class RowHub:
             self._generation += 1
             self._cond.notify_all()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> bool:
+        """Drain and wait for the reader thread to end; True when it did."""
         self.drain()
         reader = self._reader
         if reader is not None:
             reader.join(timeout)
+            return not reader.is_alive()
+        return True
 
     def _rows(self, cid: int, indices: range, alive: Callable[[], bool]) -> tuple[PackedRows | None, int | None]:
         """Rows ``indices`` (an increasing range) that exist, and the stream length if known.
 
-        Blocks until the reader has produced every requested row below the end of the stream.
+        Blocks until every requested row below the end of the stream is produced.
         """
         with self._cond:
-            self._needs[cid] = indices.start if len(indices) else self._needs.get(cid, 0)
+            state = self._consumers[cid]
+            state.need = indices.start if len(indices) else state.need
+            state.last_active = self._clock()
             while True:
                 if self._closed:
                     raise HubClosed("the server is shutting down")
@@ -214,43 +289,65 @@ class RowHub:
                 want = indices if total is None else range(indices.start, min(indices.stop, max(total, indices.start)), indices.step)
                 if len(want) == 0:
                     return None, total
-                held = self._reader is not None and self._floor <= want[0] and want[-1] < self._produced
-                if held:
-                    break
-                if self._error is not None:  # the rows will not come: the pipeline failed
+                if self._reader is not None and self._floor <= want[0] and want[-1] < self._produced:
+                    state.attached = True
+                    rows = self._gather(want)
+                    self.rows_served += len(want)
+                    return rows, total
+                if self._error is not None and want[0] >= self._floor:  # the rows will not come: the pipeline failed
                     raise self._error
-                if self._reader is None or want[0] < self._floor or self._worth_jumping(want[0]):
-                    self._restart_reader()
-                self._waiting[cid] = want[-1]
+                behind = self._reader is not None and want[0] < self._floor
+                if behind and self._pack_window is not None and self._others_attached(cid):
+                    state.attached = False  # a far consumer: served apart, holds nothing back
+                    break
+                state.attached = True
+                if self._reader is None or behind or self._worth_jumping(want[0]):
+                    self._restart_reader(self._low())
+                token = object()  # one consumer may wait in several calls (a restarted trainer rank)
+                self._waiting[token] = want[-1]
                 try:
                     self._cond.wait(self._poll_s)
                 finally:
-                    del self._waiting[cid]
+                    del self._waiting[token]
+                state.last_active = self._clock()
                 if not alive():
                     raise ConsumerGone()
-            return self._gather(want), total
+        rows = self._catch_up(want)
+        with self._cond:
+            self.rows_served += len(want)
+            return rows, self.manifest.total_rows
 
     def _forget(self, cid: int) -> None:
         with self._cond:
-            self._needs.pop(cid, None)
+            self._consumers.pop(cid, None)
             self._cond.notify_all()
 
-    # -- the reader -------------------------------------------------------------------------------
+    # -- the main reader --------------------------------------------------------------------------
+
+    def _is_attached(self, c: _ConsumerState, now: float) -> bool:
+        return c.attached and now - c.last_active < self.idle_timeout_s
+
+    def _others_attached(self, cid: int) -> bool:
+        """Another consumer reads from the main buffer (and is not idle)."""
+        now = self._clock()
+        return any(self._is_attached(c, now) for k, c in self._consumers.items() if k != cid)
 
     def _low(self) -> int:
-        """The lowest row any consumer may still ask for: rows below it can be dropped. With no
-        consumer nothing is dropped, so the reader fills the buffer and pauses."""
-        return min(self._needs.values()) if self._needs else self._floor
+        """The lowest row an attached consumer may still ask for: rows below it can be dropped.
+        With no attached consumer nothing is dropped, so the reader fills the buffer and pauses."""
+        now = self._clock()
+        needs = [c.need for c in self._consumers.values() if self._is_attached(c, now)]
+        return min(needs) if needs else self._floor
 
     def _worth_jumping(self, row: int) -> bool:
-        """True when every consumer is past what the reader will produce and a known window
-        starts beyond the reader's position: restarting there skips packing the gap."""
+        """True when every attached consumer is past what the reader will produce and a known
+        window starts beyond the reader's position: restarting there skips packing the gap."""
         low = self._low()
         return row >= self._produced and low >= self._produced and self.manifest.locate(low)[1] > self._produced
 
-    def _restart_reader(self) -> None:
-        """Start a reader at the known window holding the lowest row a consumer needs (caller holds the lock)."""
-        window, first_row = self.manifest.locate(self._low())
+    def _restart_reader(self, row: int) -> None:
+        """Start a reader at the known window holding ``row`` (caller holds the lock)."""
+        window, first_row = self.manifest.locate(row)
         self._generation += 1
         self._pieces, self._held = [], 0
         self._floor = self._produced = first_row
@@ -266,15 +363,15 @@ class RowHub:
         reader = None
         try:
             reader = iter(self._open_reader(window, first_row))
-            next_row, last_position = first_row, None
-            for position, rows in reader:
+            next_row, last_window = first_row, None
+            for w, rows in reader:
+                if w != last_window:  # a window's rows may come in several blocks
+                    self.manifest.record(w, next_row)
+                    last_window = w
                 if rows.num_rows == 0:
                     continue
                 if int(rows.row_index[0]) != next_row:
                     raise RuntimeError(f"reader produced row {int(rows.row_index[0])}, expected {next_row}")
-                if position != last_position:  # a window's rows may come in several blocks
-                    self.manifest.record(position, next_row)
-                    last_position = position
                 for start in range(0, rows.num_rows, PIECE_ROWS):
                     piece = select_rows(rows, range(start, min(start + PIECE_ROWS, rows.num_rows)))
                     if not self._append(generation, _Piece(next_row + start, piece)):
@@ -315,10 +412,10 @@ class RowHub:
             return True
 
     def _evict(self, room: int) -> None:
-        """Drop the oldest rows no consumer needs until ``room`` more rows fit: whole pieces,
-        and, while a consumer waits for rows not produced yet, the front of the piece holding
-        the lowest needed row. So a step of up to capacity - PIECE_ROWS rows can always be
-        completed, and rows a late consumer may still want are kept as long as possible."""
+        """Drop the oldest rows no attached consumer needs until ``room`` more rows fit: whole
+        pieces, and, while a consumer waits for rows not produced yet, the front of the piece
+        holding the lowest needed row. So a step of up to capacity - PIECE_ROWS rows can always
+        be completed, and rows a late consumer may still want are kept as long as possible."""
         low = self._low()
         while self._pieces and self._held + room > self.capacity and self._pieces[0].start < low:
             first = self._pieces[0]
@@ -337,17 +434,67 @@ class RowHub:
 
     def _gather(self, want: range) -> PackedRows:
         """The rows ``want`` (all held) in order (caller holds the lock)."""
-        starts = [p.start for p in self._pieces]
-        parts = []
-        indices = np.arange(want.start, want.stop, want.step, dtype=np.int64)
-        i = 0
-        while i < len(indices):
-            k = bisect.bisect_right(starts, int(indices[i])) - 1
-            piece = self._pieces[k]
-            j = int(np.searchsorted(indices, piece.end))
-            parts.append(select_rows(piece.rows, indices[i:j] - piece.start))
-            i = j
-        return parts[0] if len(parts) == 1 else concat_rows(parts)
+        return _gather(self._pieces, want)
+
+    # -- the catch-up path ------------------------------------------------------------------------
+
+    def _catch_up(self, want: range) -> PackedRows:
+        """Rows ``want`` for a far consumer: from the catch-up cache, packing the windows it
+        lacks one at a time (their first rows go to the manifest)."""
+        with self._catchup_lock:
+            window, first = self.manifest.locate(want[0])
+            pieces: list[_Piece] = []
+            while first <= want[-1]:
+                piece = self._catchup.get(window)
+                if piece is None:
+                    rows = self._pack_window(window)
+                    self.catchup_windows += 1
+                    if rows is None:  # past the last window: the stream ends here
+                        self.manifest.record_end(first)
+                        break
+                    piece = _Piece(first, _with_index(rows, first))
+                    self._cache(window, piece)
+                else:
+                    self._catchup.move_to_end(window)
+                self.manifest.record(window, first)
+                self.manifest.record(window + 1, piece.end)
+                if piece.end > want[0] and piece.rows.num_rows:
+                    pieces.append(piece)
+                window, first = window + 1, piece.end
+            total = self.manifest.total_rows
+            if total is not None:
+                want = range(want.start, min(want.stop, max(total, want.start)), want.step)
+            return _gather(pieces, want)
+
+    def _cache(self, window: int, piece: _Piece) -> None:
+        self._catchup[window] = piece
+        self._catchup_rows += piece.rows.num_rows
+        while self._catchup_rows > self.capacity and len(self._catchup) > 1:
+            _, old = self._catchup.popitem(last=False)
+            self._catchup_rows -= old.rows.num_rows
+
+
+def _with_index(rows: PackedRows, first: int) -> PackedRows:
+    from dataclasses import replace
+
+    return replace(rows, row_index=np.arange(first, first + rows.num_rows, dtype=np.int64))
+
+
+def _gather(pieces: list[_Piece], want: range) -> PackedRows | None:
+    """Rows ``want`` from ``pieces`` (sorted, covering them) in order; None for no rows."""
+    if len(want) == 0:
+        return None
+    starts = [p.start for p in pieces]
+    parts = []
+    indices = np.arange(want.start, want.stop, want.step, dtype=np.int64)
+    i = 0
+    while i < len(indices):
+        k = bisect.bisect_right(starts, int(indices[i])) - 1
+        piece = pieces[k]
+        j = int(np.searchsorted(indices, piece.end))
+        parts.append(select_rows(piece.rows, indices[i:j] - piece.start))
+        i = j
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 class Consumer:

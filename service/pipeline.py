@@ -2,165 +2,143 @@
 
 ::
 
-    plan_windows (driver)  ->  from_items(window indices,  ->  map_batches(WindowActor)
-    list[WindowSpec]           seeded order; one block        read + tokenize + pack,
-                               per window)                    one window per call
-                                                          ->  Arrow tables of rows (+ "window")
+    StreamPlan (driver)  ->  from_items(window numbers,  ->  map_batches(WindowActor)
+                             one block per window)           read + tokenize + pack,
+                                                             one window per call
+                                                         ->  Arrow blocks of rows + "window" + "stats"
 
-The actors hold the tokenizer (loaded once per actor) and call ``process_window``; they hold
+The actors hold the tokenizers (loaded once per actor) and call ``process_window``; they hold
 no packing logic. Each window is packed whole inside one call, so no partial row is carried
 between calls and no tail is lost at the end of the stream (Ray Data has no end-of-stream
-hook). With ``preserve_order`` the stream order is the plan order: the same inputs, config and
-seed give byte-identical rows in the same order, whatever the number of workers.
+hook). With ``preserve_order`` the stream order is the plan order: the same config and seed
+give byte-identical rows in the same order, whatever the number of workers.
 
-Every window's stats go to a small ``StatsSink`` actor before its rows are returned, keyed by
-window index (a retried window overwrites itself), so the driver's totals are complete when
-the stream ends.
+A window's accounting (``WindowStats`` as JSON) travels in the ``stats`` column of its first
+row; a window whose samples were all skipped sends one stats-only row (no tokens) instead,
+since Ray Data drops empty blocks. So the driver's totals are complete when the stream ends,
+and no actor holds them (a lost actor cannot lose them, a restarted reader leaks nothing).
 
-``PackedStream`` is the one entry point reused by ``packfeed pack``, the trainer and the gRPC
-server.
+``PackingPipeline`` is the one entry point reused by ``packfeed pack``, the trainer's feeder
+and the gRPC server.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 
 from packfeed.client.rows import PackedRows
-from packfeed.service.arrow_rows import rows_from_arrow, rows_to_arrow
+from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.config import DataConfig
-from packfeed.service.sources import WindowSpec, plan_windows
-from packfeed.service.stats import WindowStats
+from packfeed.service.plan import StreamPlan
+from packfeed.service.stats import RunStats, WindowStats
 
-logger = logging.getLogger(__name__)
-
-# Embedded Ray's shared-memory object store; Ray's default (30% of RAM) is more than a small
-# machine can spare and backpressure keeps the stream well under this.
-DEFAULT_OBJECT_STORE_BYTES = 1 << 30
-
-
-def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:
-    """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
-
-    Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
-    starts a fresh embedded Ray, never a stale cluster left by ``ray start``. ``dashboard``
-    starts Ray's dashboard on 127.0.0.1 with the embedded Ray: Ray Train needs its State API
-    (without it Ray Train's placement-group cleaner warns every second); packing alone does
-    not, and starts faster without. Returns a line saying which Ray is used, for the user.
-    """
-    if ray.is_initialized():
-        return "Ray: already initialised in this process"
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address and address != "local":
-        ray.init(address=address, logging_level=logging.WARNING)
-        return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
-    num_cpus = num_cpus or os.cpu_count() or 1
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
-        include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",
-        logging_level=logging.WARNING,
-    )
-    return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
-
-
-@ray.remote(num_cpus=0)
-class StatsSink:
-    """Collects one WindowStats per window index."""
-
-    def __init__(self) -> None:
-        self._by_window: dict[int, WindowStats] = {}
-
-    def record(self, window_index: int, stats: WindowStats) -> None:
-        self._by_window[window_index] = stats
-
-    def total(self) -> WindowStats:
-        total = WindowStats()
-        for index in sorted(self._by_window):
-            total.merge(self._by_window[index])
-        return total
+PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))
 
 
 class WindowActor:
-    """Ray Data callable class: a window index in, that window's packed rows out."""
+    """Ray Data callable class: a window number in, that window's packed rows out."""
 
-    def __init__(
-        self, config: DataConfig, windows: list[WindowSpec], sink: "ray.actor.ActorHandle", threads: int
-    ) -> None:
+    def __init__(self, config: DataConfig, plan: StreamPlan, threads: int) -> None:
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         from packfeed.service.tokenize import SampleTokenizer
 
-        self.config = config
-        self.windows = {w.index: w for w in windows}
-        self.sink = sink
-        self.tokenizer = SampleTokenizer(
-            config.tokenizer, loss=config.loss, add_eos=config.add_eos, strict=config.strict
-        )
+        self.config, self.plan = config, plan
+        first = SampleTokenizer(config.tokenizer, loss=plan.sources[0].loss, add_eos=config.add_eos,
+                                strict=config.strict)
+        self.tokenizers = {plan.sources[0].loss: first}
+        for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
+            self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, add_eos=config.add_eos,
+                                                    strict=config.strict)
 
-    def __call__(self, batch: dict[str, np.ndarray]):
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         from packfeed.service.window import process_window
 
         tables = []
-        for index in batch["window"]:
-            spec = self.windows[int(index)]
-            rows, stats = process_window(spec, self.tokenizer, self.config)
-            # Synchronous: the totals must be in the sink before the rows can be consumed.
-            ray.get(self.sink.record.remote(spec.index, stats))
-            window = pa.array(np.full(rows.num_rows, spec.index, dtype=np.int64))
-            tables.append(rows_to_arrow(rows).append_column("window", window))
+        for k in batch["window"]:
+            rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
+            tables.append(window_table(int(k), rows, stats))
         return pa.concat_tables(tables)
+
+
+def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
+    """A window's rows as one Arrow table with its number and (first row) its stats."""
+    if rows.num_rows == 0:  # a stats-only row: Ray Data would drop an empty block
+        table = ROW_SCHEMA.empty_table().to_pydict()
+        empty = {name: [[]] if name != "row_index" else [-1] for name in table}
+        table = pa.table(empty, schema=ROW_SCHEMA)
+    else:
+        table = rows_to_arrow(rows)
+    n = table.num_rows
+    stats_column = pa.array([stats.to_json()] + [None] * (n - 1), type=pa.string())
+    return table.append_column("window", pa.array(np.full(n, window, np.int64))).append_column("stats", stats_column)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scaling:
-    """How many packing actors and how many CPUs each (fractional is fine)."""
+    """Packing actors: how many, how many CPUs each (fractional is fine), and where.
 
-    num_workers: int | None = None  # None: one per CPU of the cluster
-    cpus_per_worker: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.num_workers is not None and self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if self.cpus_per_worker <= 0:
-            raise ValueError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker}")
-
-
-class PackedStream:
-    """The packed stream of ``config``: a Ray dataset plus the plan and the run's stats.
-
-    ``dataset`` is what the trainer feeds to Ray Train; ``iter_rows()`` is what the CLI and the
-    gRPC server read, with a global ``row_index`` (the row's position in the stream).
+    ``label_selector``: node labels every packing actor's node must carry (Ray's label
+    selectors, e.g. {"packfeed/role": "packer"}); ``resources``: custom resources each asks
+    for. ``max_workers`` > ``num_workers`` makes the pool autoscale between the two.
     """
 
-    def __init__(self, config: DataConfig, *, scaling: Scaling = Scaling(), start_window: int = 0) -> None:
-        """``start_window``: skip the first windows of the (seeded) plan order, so the stream
-        starts at that window; used by the trainer to resume without re-packing what it
-        consumed. ``self.windows`` then lists only the windows streamed."""
-        self.config = config
-        self.windows: list[WindowSpec] = plan_windows(
-            config.inputs, window_samples=config.window_samples, format=config.format
-        )
-        # Which inputs are read first is shuffled at window level by the seed.
-        order = np.random.default_rng(config.seed).permutation(len(self.windows))
-        self.windows = [self.windows[i] for i in order]
-        if not 0 <= start_window <= len(self.windows):
-            raise ValueError(f"start_window must be in [0, {len(self.windows)}] (windows planned), got {start_window}")
-        self.start_window = start_window
-        self.windows = self.windows[start_window:]
-        self.num_samples = sum(w.num_samples for w in self.windows)
+    num_workers: int | None = None  # None: one per CPU of the matching nodes
+    cpus_per_worker: float = 1.0
+    max_workers: int | None = None
+    label_selector: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None and (isinstance(self.num_workers, bool) or self.num_workers < 1):
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not isinstance(self.cpus_per_worker, (int, float)) or not self.cpus_per_worker > 0:
+            raise ValueError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker!r}")
+        if self.max_workers is not None and self.max_workers < (self.num_workers or 1):
+            raise ValueError(f"max_workers ({self.max_workers}) must be >= num_workers ({self.num_workers})")
+
+
+@dataclass
+class WindowOutput:
+    """One window's rows as they arrive (``rows`` may be empty: all samples skipped).
+
+    ``rows.row_index`` is global; ``stats`` is set on the first output of each window.
+    """
+
+    window: int
+    rows: PackedRows
+    stats: WindowStats | None
+
+
+class PackingPipeline:
+    """The packed stream of ``plan``, from window ``start_window`` on: a Ray dataset plus the
+    run's stats as windows arrive.
+
+    ``dataset`` is the Ray dataset of blocks; ``iter_windows(first_row)`` is what the CLI, the
+    hub and the feeder read, with a global ``row_index`` starting at ``first_row`` (the index
+    of the first row of ``start_window``).
+    """
+
+    def __init__(self, config: DataConfig, plan: StreamPlan, *, scaling: Scaling = Scaling(),
+                 start_window: int = 0, stats: RunStats | None = None) -> None:
+        if not 0 <= start_window <= plan.num_windows:
+            raise ValueError(f"start_window must be in [0, {plan.num_windows}], got {start_window}")
+        self.config, self.plan, self.start_window = config, plan, start_window
+        self.windows = list(range(start_window, plan.num_windows))
+        self.stats = stats if stats is not None else new_run_stats(plan)
         self.samples_started = 0  # samples of the windows whose rows have started to arrive
-        self._sink = StatsSink.remote()
+        self.first_output_seconds: float | None = None
+        self._created = time.perf_counter()
 
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
@@ -168,52 +146,80 @@ class PackedStream:
         ctx.print_on_execution_start = False
         # A bad sample under --strict must reach the user as itself (file, row, reason).
         ctx.raise_original_map_exception = True
-        cpus = float(ray.cluster_resources().get("CPU", 1))
-        num_workers = scaling.num_workers or max(1, int(cpus // scaling.cpus_per_worker))
-        num_workers = max(1, min(num_workers, len(self.windows)))
-        self.num_workers = num_workers
+        self.num_workers = resolve_workers(scaling, len(self.windows))
+        compute = (
+            ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=scaling.max_workers)
+            if scaling.max_workers and scaling.max_workers > self.num_workers
+            else ray.data.ActorPoolStrategy(size=self.num_workers)
+        )
+        remote_args = {"resources": dict(scaling.resources)} if scaling.resources else {}
+        if scaling.label_selector:
+            remote_args["label_selector"] = dict(scaling.label_selector)
         self.dataset = ray.data.from_items(
-            [{"window": w.index} for w in self.windows], override_num_blocks=max(1, len(self.windows))
+            [{"window": k} for k in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
             WindowActor,
-            fn_constructor_args=(config, self.windows, self._sink, max(1, int(scaling.cpus_per_worker))),
+            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker))),
             batch_size=1,
             batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=num_workers),
+            compute=compute,
             num_cpus=scaling.cpus_per_worker,
+            **remote_args,
         )
 
     def iter_rows(self, first_row: int = 0) -> Iterator[PackedRows]:
-        """Yield the rows in stream order, one window's block at a time, global row_index set
-        (counting from ``first_row``: the index of the first row of ``start_window``)."""
-        for _, rows in self.iter_windows(first_row):
-            yield rows
+        """The rows in stream order, in blocks (global ``row_index`` from ``first_row``)."""
+        for out in self.iter_windows(first_row):
+            if out.rows.num_rows:
+                yield out.rows
 
-    def iter_windows(self, first_row: int = 0) -> Iterator[tuple[int, PackedRows]]:
-        """Like ``iter_rows``, each block paired with its window's position in the seeded plan
-        order (``start_window`` for the first window streamed). Windows whose samples were all
-        skipped yield nothing."""
+    def iter_windows(self, first_row: int = 0) -> Iterator[WindowOutput]:
+        """Every window's output in stream order; also folds the stats into ``self.stats``."""
         next_index = first_row
-        position = {w.index: self.start_window + i for i, w in enumerate(self.windows)}
-        samples_in_window = {w.index: w.num_samples for w in self.windows}
-        seen: set[int] = set()
         if not self.windows:
             return
         for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            windows = table.column("window").to_numpy()
-            for window in set(windows.tolist()) - seen:
-                seen.add(window)
-                self.samples_started += samples_in_window[window]
-            # One block is one window's rows in practice; split in case Ray merges blocks.
-            cuts = [0, *(np.flatnonzero(np.diff(windows)) + 1).tolist(), len(windows)]
-            for lo, hi in zip(cuts[:-1], cuts[1:]):
-                if hi == lo:
-                    continue
-                rows = rows_from_arrow(table.slice(lo, hi - lo))
-                rows = dataclasses.replace(rows, row_index=np.arange(next_index, next_index + rows.num_rows))
-                next_index += rows.num_rows
-                yield position[int(windows[lo])], rows
+            if self.first_output_seconds is None:
+                self.first_output_seconds = time.perf_counter() - self._created
+            for out in table_outputs(table, first_row=next_index):
+                if out.stats is not None:
+                    self.stats.add(out.stats)
+                    self.samples_started += int(self.plan.window_counts(out.stats.window).sum())
+                next_index += out.rows.num_rows
+                yield out
 
-    def stats(self) -> WindowStats:
-        """Totals over the windows packed so far (all of them once iteration has ended)."""
-        return ray.get(self._sink.total.remote())
+
+def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
+    """A block of the pipeline as WindowOutputs (one per window in it; one block is one
+    window in practice, split in case Ray merges blocks), rows numbered from ``first_row``."""
+    windows = table.column("window").to_numpy()
+    stats_cells = table.column("stats").to_pylist()
+    cuts = [0, *(np.flatnonzero(np.diff(windows)) + 1).tolist(), len(windows)]
+    outputs = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        part = table.slice(lo, hi - lo)
+        cell = next((c for c in stats_cells[lo:hi] if c is not None), None)
+        real = part.filter(pc.not_equal(part.column("row_index"), -1))
+        rows = rows_from_arrow(real)
+        rows = dataclasses.replace(rows, row_index=np.arange(first_row, first_row + rows.num_rows))
+        first_row += rows.num_rows
+        outputs.append(WindowOutput(int(windows[lo]), rows, WindowStats.from_json(cell) if cell is not None else None))
+    return outputs
+
+
+def new_run_stats(plan: StreamPlan) -> RunStats:
+    return RunStats([s.name for s in plan.sources], plan.counts)
+
+
+def resolve_workers(scaling: Scaling, num_windows: int) -> int:
+    """Packing actors to start: the request, or one per CPU of the nodes packing may use;
+    never more than the windows to pack."""
+    if scaling.num_workers is not None:
+        wanted = scaling.num_workers
+    else:
+        from packfeed.service.placement import label_matches, node_resources
+
+        cpus = sum(float(n["resources"].get("CPU", 0)) for n in node_resources()
+                   if label_matches(n["labels"], scaling.label_selector))
+        wanted = max(1, int(cpus // scaling.cpus_per_worker))
+    return max(1, min(wanted, num_windows))

@@ -8,8 +8,9 @@ Sample formats (TRL's): ``text`` ({"text": str}); ``prompt_completion`` ({"promp
 "completion"}: both strings, or both lists of messages); ``messages`` ({"messages": [...]},
 each message {"role": system|user|assistant|tool, "content": str | [{"type": "text",
 "text": str}, ...]}). An optional ``tools`` field (list, or JSON string) is kept for the chat
-template. Per input the format is given, or detected from the keys of its first parseable
-record: "messages" -> messages; "prompt"+"completion" -> prompt_completion; "text" -> text.
+template. The format is given per source, or ``auto``: detected for every row from its own
+fields (a null field counts as absent), so one file may mix formats: "messages" -> messages;
+"prompt" or "completion" -> prompt_completion; "text" -> text; none of them -> missing_field.
 
 Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``text`` and
 ``completion`` strings must hold a non-whitespace character; a ``prompt`` string may be empty;
@@ -39,6 +40,7 @@ EMPTY_FIELD = "empty_field"  # a required field is null, "", whitespace only, or
 WRONG_TYPE = "wrong_type"  # a field of the wrong type (e.g. text: 3, messages: "hi")
 UNKNOWN_ROLE = "unknown_role"  # a message role outside MESSAGE_ROLES
 UNSUPPORTED_CONTENT = "unsupported_content"  # a content part that is not text (image, audio)
+UNREADABLE = "unreadable"  # the file reader could not decode these rows (corrupt or truncated file)
 TEMPLATE_ERROR = "template_error"  # the chat template raised on this conversation
 TOKENIZER_ERROR = "tokenizer_error"  # the tokenizer raised on this text (e.g. lone surrogate)
 NO_TRAINED_TOKENS = "no_trained_tokens"  # nothing left to train (e.g. no assistant turn)
@@ -52,6 +54,7 @@ SKIP_REASONS = (
     WRONG_TYPE,
     UNKNOWN_ROLE,
     UNSUPPORTED_CONTENT,
+    UNREADABLE,
     TEMPLATE_ERROR,
     TOKENIZER_ERROR,
     NO_TRAINED_TOKENS,
@@ -62,34 +65,37 @@ MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class Skip:
-    """A sample that is not trained on, and why. ``row`` is 0-based within ``source``."""
+    """A sample that is not trained on, and why. ``row`` is 0-based within ``source``;
+    ``line`` is the 1-based line number for JSONL sources (None for other kinds)."""
 
     sample_id: int
     source: str
     row: int
     reason: str
     detail: str
+    line: int | None = None
+
+    def describe(self) -> str:
+        """The one format every skip is shown in, e.g.
+        ``data/chat.jsonl: row 1 (line 2), sample 112: malformed_json: Expecting value``."""
+        where = f"row {self.row}" + (f" (line {self.line})" if self.line is not None else "")
+        return f"{self.source}: {where}, sample {self.sample_id}: {self.reason}: {self.detail}"
 
 
 class BadSampleError(ValueError):
     """Raised in strict mode for the first bad sample; ``.skip`` holds the details."""
 
-    def __init__(self, skip: Skip, *, line_numbers: bool = False) -> None:
+    def __init__(self, skip: Skip) -> None:
         self.skip = skip
-        self.line_numbers = line_numbers
-        where = f"row {skip.row}" + (f" (line {skip.row + 1})" if line_numbers else "")
-        super().__init__(
-            f"{skip.source}: {where}, sample {skip.sample_id}: {skip.reason}: {skip.detail} "
-            "(run without strict to skip and count such samples)"
-        )
+        super().__init__(f"{skip.describe()} (run without --strict to skip and count such samples)")
 
     def __reduce__(self):
         # Raised inside Ray actors: it must unpickle on the driver from its own arguments.
-        return (_rebuild_bad_sample_error, (self.skip, self.line_numbers))
+        return (_rebuild_bad_sample_error, (self.skip,))
 
 
-def _rebuild_bad_sample_error(skip: Skip, line_numbers: bool) -> "BadSampleError":
-    return BadSampleError(skip, line_numbers=line_numbers)
+def _rebuild_bad_sample_error(skip: Skip) -> "BadSampleError":
+    return BadSampleError(skip)
 
 
 class PromptCompletion(NamedTuple):
@@ -112,6 +118,7 @@ class InvalidRecord(Exception):
 
 # ---- record validation -----------------------------------------------------------------------
 # A parser takes get(key) -> value (or MISSING) and returns the record, or raises InvalidRecord.
+# ``get.keys()`` lists the row's fields (for the message when none of a format's is there).
 def _parse_text(get: Callable[[str], Any]) -> str:
     return _nonblank_str(get("text"), "text")
 
@@ -146,11 +153,43 @@ def _parse_conversation(get: Callable[[str], Any]) -> Conversation:
     return Conversation(_parse_messages(messages, "messages"), _parse_tools(get("tools")))
 
 
+def _present(value: Any) -> bool:
+    return value is not MISSING and value is not None
+
+
+def _parse_auto(get: Callable[[str], Any]) -> Any:
+    """The row's own format: messages, else prompt/completion, else text (see the module doc)."""
+    if _present(get("messages")):
+        return _parse_conversation(get)
+    if _present(get("prompt")) or _present(get("completion")):
+        if _present(get("text")) and not (_present(get("prompt")) and _present(get("completion"))):
+            return _parse_text(get)
+        return _parse_prompt_completion(get)  # names the half that is missing
+    if _present(get("text")):
+        return _parse_text(get)
+    for key in ("messages", "prompt", "completion", "text"):
+        if get(key) is None:
+            raise InvalidRecord(EMPTY_FIELD, f"{key!r} is null")
+    keys = sorted(get.keys()) if hasattr(get, "keys") else []
+    shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "")
+    raise InvalidRecord(
+        MISSING_FIELD, f"no 'messages', 'prompt'/'completion' or 'text' field (the row has {shown or 'no fields'})"
+    )
+
+
 RECORD_PARSERS: dict[str, Callable[[Callable[[str], Any]], Any]] = {
+    "auto": _parse_auto,
     "text": _parse_text,
     "prompt_completion": _parse_prompt_completion,
     "messages": _parse_conversation,
 }
+
+
+def record_format(record: Any) -> str:
+    """The format name of a parsed record (``str`` -> text, ...)."""
+    if isinstance(record, str):
+        return "text"
+    return "prompt_completion" if isinstance(record, PromptCompletion) else "messages"
 
 
 def _nonblank_str(value: Any, name: str) -> str:

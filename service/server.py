@@ -10,6 +10,11 @@
 * the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
   server reflection (``grpcurl`` can list and call the service).
 
+``max_consumers`` limits concurrent ``StreamBatches`` calls only (RESOURCE_EXHAUSTED beyond
+it): Describe and health checks are always answered, so a liveness probe never kills a busy
+server. Every stream is logged when it opens and when it ends (rank, world size, cursor,
+batches sent, why it ended).
+
 A bearer token, when set, is checked on every call, these two included (an interceptor,
 constant-time comparison). ``drain()`` is the graceful stop: health NOT_SERVING, every call
 finishes the batch it is sending and ends with UNAVAILABLE (clients retry from their cursor).
@@ -23,8 +28,9 @@ message says why).
 from __future__ import annotations
 
 import hmac
+import logging
+import threading
 from concurrent import futures
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import grpc
@@ -39,31 +45,27 @@ from packfeed.client.transport import (
     batch_message_limit,
     channel_options,
 )
+from packfeed.client.rows import IGNORE_INDEX
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
-from packfeed.service.cli import root_cause
+from packfeed.service.errors import root_cause
 from packfeed.service.hub import ConsumerGone, HubClosed, RowHub
+from packfeed.service.streams import StreamSource
 
-
-@dataclass(frozen=True, kw_only=True)
-class StreamMeta:
-    """What Describe reports besides the stream length (which the hub learns)."""
-
-    seq_len: int
-    tokenizer_name: str
-    vocab_size: int
-    pad_id: int
-    config_hash: str
-    ignore_index: int = -100
+logger = logging.getLogger("packfeed")
 
 
 class PackFeedService:
     """Handlers of packfeed.v1.PackFeed (plain methods over raw request bytes)."""
 
-    def __init__(self, hub: RowHub, meta: StreamMeta, *, max_batch_rows: int) -> None:
-        self.hub, self.meta, self.max_batch_rows = hub, meta, max_batch_rows
+    def __init__(self, hub: RowHub, meta: StreamSource, *, max_batch_rows: int, max_consumers: int = 64) -> None:
+        self.hub, self.meta, self.max_batch_rows, self.max_consumers = hub, meta, max_batch_rows, max_consumers
         self.draining = False
+        self._lock = threading.Lock()
+        self.streams = 0  # StreamBatches calls open now
+        self.batches_sent = 0
+        self.bytes_sent = 0
 
     def describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         _parse(packfeed_pb2.DescribeRequest, request, context)
@@ -74,17 +76,52 @@ class PackFeedService:
             vocab_size=m.vocab_size,
             pad_id=m.pad_id,
             config_hash=m.config_hash,
-            ignore_index=m.ignore_index,
+            ignore_index=IGNORE_INDEX,
             wire_version=WIRE_VERSION,
+            epochs=m.epochs,
+            epoch_rows=m.epoch_rows(self.hub.manifest),
+            sources=[packfeed_pb2.SourceInfo(name=s["name"], rows=int(s.get("rows", 0)),
+                                             samples_per_epoch=int(s["samples_per_epoch"]),
+                                             planned_share=float(s["planned_share"])) for s in m.sources],
+            samples_per_epoch=m.samples_per_epoch,
+            max_batch_rows=self.max_batch_rows,
         )
         if self.hub.total_rows is not None:
-            info.rows_per_epoch = self.hub.total_rows
+            info.total_rows = self.hub.total_rows
         return info.SerializeToString()
 
     def stream_batches(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         req = _parse(packfeed_pb2.StreamRequest, request, context)
-        rank, world, b, cursor = req.rank, req.world_size, req.batch_rows, req.cursor
         self._check(req, context)
+        with self._lock:
+            if self.streams >= self.max_consumers:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"this server already streams to {self.max_consumers} consumers (--max-consumers): retry later")
+            self.streams += 1
+        who = f"rank {req.rank}/{req.world_size} ({context.peer()}), batch {req.batch_rows}, cursor {req.cursor:,}"
+        logger.info("consumer connected: %s", who)
+        sent, why = 0, "cancelled"
+        try:
+            for message in self._batches(req, context):
+                yield message
+                sent += 1
+                with self._lock:
+                    self.batches_sent += 1
+                    self.bytes_sent += len(message)
+            why = "end of stream"
+        except grpc.RpcError:
+            why = "aborted"
+            raise
+        except Exception as exc:  # context.abort raises a plain Exception in grpcio
+            why = f"aborted ({type(exc).__name__})"
+            raise
+        finally:
+            with self._lock:
+                self.streams -= 1
+            logger.info("consumer disconnected: %s, after %d batch(es): %s", who, sent, why)
+
+    def _batches(self, req: packfeed_pb2.StreamRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        rank, world, b, cursor = req.rank, req.world_size, req.batch_rows, req.cursor
         seq_len, pad_id = self.meta.seq_len, self.meta.pad_id
         with self.hub.consumer(alive=context.is_active) as consumer:
             step = 0
@@ -199,15 +236,15 @@ def build_server(
 ) -> tuple[grpc.Server, int, health.HealthServicer]:
     """The server (not started), the port it bound and its health servicer.
 
-    ``tls``: (certificate chain PEM, private key PEM). ``max_consumers``: concurrent calls
-    beyond this get RESOURCE_EXHAUSTED instead of queueing.
+    ``tls``: (certificate chain PEM, private key PEM), checked by the caller
+    (``check_tls_files``). ``max_consumers``: the service's stream limit; the thread pool
+    keeps room beyond it for Describe, health checks and reflection.
     """
     max_send = batch_message_limit(service.max_batch_rows, service.meta.seq_len)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_consumers + 4, thread_name_prefix="packfeed-rpc"),
+        futures.ThreadPoolExecutor(max_workers=max_consumers + 16, thread_name_prefix="packfeed-rpc"),
         interceptors=[BearerTokenInterceptor(token)] if token else [],
         options=[*channel_options(max_receive=MAX_REQUEST_BYTES, max_send=max_send), ("grpc.so_reuseport", 0)],
-        maximum_concurrent_rpcs=max_consumers,
     )
     server.add_generic_rpc_handlers(
         (
@@ -228,14 +265,60 @@ def build_server(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        cert, key = tls
-        bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    try:
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert, key = tls
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not listen on {address} (in use, or not an address of this machine)")
+        raise OSError(f"cannot listen on {address}: {port_problem(host, port) or 'gRPC refused the address'}")
     return server, bound, health_servicer
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Why binding ``host:port`` fails, found by trying it with a plain socket; None if it binds."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port {port} is in use (another server?): choose another --port, or 0 for any free port"
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"{host} is not an address of this machine (--host)"
+            if e.errno == errno.EACCES:
+                return f"no permission to listen on port {port} (ports below 1024 need privileges)"
+            return e.strerror or str(e)
+    return None
+
+
+def check_tls_files(cert: bytes, key: bytes, cert_path: str, key_path: str) -> None:
+    """ValueError naming the file at fault unless ``cert``/``key`` form a usable TLS pair."""
+    import ssl
+    import tempfile
+
+    if b"-----BEGIN" not in cert or b"CERTIFICATE" not in cert:
+        raise ValueError(f"--tls-cert {cert_path} is not a PEM certificate")
+    if b"-----BEGIN" not in key or b"PRIVATE KEY" not in key:
+        raise ValueError(f"--tls-key {key_path} is not a PEM private key")
+    with tempfile.TemporaryDirectory() as tmp:
+        c, k = f"{tmp}/cert.pem", f"{tmp}/key.pem"
+        with open(c, "wb") as f:
+            f.write(cert)
+        with open(k, "wb") as f:
+            f.write(key)
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(c, k)
+        except ssl.SSLError as e:
+            if "KEY_VALUES_MISMATCH" in str(e) or "key values mismatch" in str(e):
+                raise ValueError(f"--tls-key {key_path} is not the private key of --tls-cert {cert_path}") from None
+            raise ValueError(f"--tls-cert {cert_path} / --tls-key {key_path}: not a usable TLS pair ({e.reason or e})") from None
 
 
 def drain(server: grpc.Server, service: PackFeedService, health_servicer: health.HealthServicer, grace_s: float) -> None:

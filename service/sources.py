@@ -1,17 +1,15 @@
-"""Input readers and window planning: source files -> windows of raw, validated samples.
+"""Input files: expansion, row counting, and reading the rows of a window.
 
-Stage contract (see ../shared/DESIGN.md)::
+Stage contract (docs/design.md)::
 
-    inputs ──plan_windows──▶ [WindowSpec]      (driver, once; metadata and byte scans only)
-    WindowSpec ──read_window──▶ RawWindow      (in an actor; reads exactly that window's rows)
+    paths ──expand_inputs──▶ [(file, kind)]       (driver; each real file once)
+    file  ──scan_file──▶ FileScan                  (driver; row count, JSONL seek offsets)
+    WindowSpec ──read_window──▶ RawWindow          (in an actor; exactly the window's rows)
 
-Global sample ids. Every row of every input gets an id: its 0-based position in the inputs
-read in the order given (file order, then row order), COUNTING rows that turn out bad. For
-inputs ``a.jsonl`` (3 lines) and ``b.parquet`` (2 rows), the ids are a:0-2 and b:3-4; with
-``window_samples=2`` the windows are [0,1], [2,3] (spanning both files) and [4].
+Which rows a window holds is decided by ``plan.py``; this module only finds and reads them.
 
 Input kinds (a directory expands to its files sorted by name, not recursively; a glob expands
-sorted):
+sorted, ``**`` recursively; symlinks are resolved and every real file is read once):
 
 =========  =============================  ===============================================
 kind       files                          a row is
@@ -28,14 +26,16 @@ directory (``dataset_dict.json``) is refused with the list of its splits: point 
 
 Sample formats, validation rules and skip reasons: see ``records.py``.
 
-Costs: planning scans JSONL bytes in 8 MiB chunks (``bytes.count``, ~GB/s) and reads only
-Parquet/Arrow metadata; reading a window seeks straight to its first JSONL line or Parquet row
-group and converts only the columns its format needs.
+Costs: scanning counts JSONL newlines in 8 MiB chunks (``bytes.count``, ~GB/s) and reads only
+Parquet/Arrow metadata. Reading a window seeks to each JSONL run of rows (at most ``stride``
+lines are skipped after a seek) and decodes each Parquet row group or Arrow batch it touches
+once, with only the columns a sample format uses.
 """
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from itertools import islice
@@ -43,7 +43,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .config import FORMATS
 from .records import (
     BLANK_LINE,
     EMPTY_FIELD,
@@ -52,10 +51,13 @@ from .records import (
     MISSING,
     NOT_AN_OBJECT,
     RECORD_PARSERS,
+    UNREADABLE,
     BadSampleError,
     InvalidRecord,
     Skip,
 )
+
+logger = logging.getLogger("packfeed")
 
 KIND_EXTENSIONS = {
     "jsonl": (".jsonl", ".ndjson", ".json"),
@@ -68,41 +70,63 @@ _FORMAT_COLUMNS = {
     "text": ("text",),
     "prompt_completion": ("prompt", "completion", "tools"),
     "messages": ("messages", "tools"),
+    "auto": ("messages", "prompt", "completion", "text", "tools"),
 }
-_DETECT_MAX_LINES = 10_000
 _SCAN_CHUNK = 8 << 20
-_PARQUET_BATCH = 8192
+MAX_SEEK_STRIDE = 4096  # rows between JSONL seek points when blocks are larger (or off)
 
 
 # ---- data types ------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class FileScan:
+    """A file's row count and, for JSONL, byte offsets of some rows (``seek_rows`` ascending,
+    row 0 always among them) so a reader can seek close to any row."""
+
+    path: str
+    kind: str
+    num_rows: int
+    seek_rows: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+    seek_offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64))
+
+
+@dataclass(frozen=True)
 class Piece:
-    """A run of consecutive rows of one source that falls inside one window.
+    """A run of consecutive rows of one file that a window holds.
 
     Row ``start_row + k`` of ``path`` has global sample id ``first_sample_id + k``. JSONL
-    pieces carry the ``byte_offset`` of ``start_row`` so a reader seeks straight to it (-1 for
-    other kinds). A ``text`` piece groups consecutive one-document files: its row k is the
-    whole file ``files[k]`` (and ``path == files[0]``, ``start_row == 0``).
+    pieces carry ``byte_offset``, the offset of row ``seek_row`` <= ``start_row``: a reader
+    seeks there and skips ``start_row - seek_row`` lines. A ``text`` piece groups consecutive
+    one-document files: its row k is the whole file ``files[k]``.
     """
 
     path: str
     kind: str
     format: str
+    source: int
     start_row: int
     num_rows: int
     first_sample_id: int
-    byte_offset: int = -1
+    byte_offset: int = 0
+    seek_row: int = 0
     files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """Window ``index`` covers sample ids ``first_sample_id .. first_sample_id + num_samples - 1``."""
+    """Window ``index`` (of the whole stream, all epochs) of epoch ``epoch``: its pieces."""
 
     index: int
-    first_sample_id: int
-    num_samples: int
+    epoch: int
     pieces: tuple[Piece, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(p.num_rows for p in self.pieces)
+
+    def sample_ids(self) -> np.ndarray:
+        """The global ids of the window's rows, in piece order (int64)."""
+        parts = [np.arange(p.first_sample_id, p.first_sample_id + p.num_rows, dtype=np.int64) for p in self.pieces]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def piece_of(self, sample_id: int) -> Piece:
         for piece in self.pieces:
@@ -111,57 +135,102 @@ class WindowSpec:
         raise KeyError(f"sample {sample_id} is not in window {self.index}")
 
     def locate(self, sample_id: int) -> tuple[str, int]:
-        """(source file, 0-based row in it) of a sample of this window."""
+        """(file, 0-based row in it) of a sample of this window."""
+        skip = self.skip(sample_id, "", "")
+        return skip.source, skip.row
+
+    def skip(self, sample_id: int, reason: str, detail: str) -> Skip:
+        """A Skip naming the sample's file, row and (JSONL) line."""
         piece = self.piece_of(sample_id)
         k = sample_id - piece.first_sample_id
         if piece.kind == "text":
-            return piece.files[k], 0
-        return piece.path, piece.start_row + k
+            return Skip(sample_id, piece.files[k], 0, reason, detail)
+        row = piece.start_row + k
+        return Skip(sample_id, piece.path, row, reason, detail, row + 1 if piece.kind == "jsonl" else None)
 
 
 @dataclass
 class RawWindow:
-    """The good samples of one window, in sample-id order, and the skipped ones.
+    """The good samples of one window, in piece order, and the skipped ones.
 
     ``records[i]`` (a ``str``, ``PromptCompletion`` or ``Conversation``: the type is the
-    format) is sample ``sample_ids[i]``. Every id of the window is in exactly one of
-    ``sample_ids`` and ``skips``.
+    format) is sample ``sample_ids[i]`` of source ``sources[i]``. Every row of the window is in
+    exactly one of ``records`` and ``skips`` (a sample repeated in the window counts each time).
     """
 
     spec: WindowSpec
     sample_ids: np.ndarray  # int64 [n]
     records: list[Any]
     skips: list[Skip] = field(default_factory=list)
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [n]
 
     def __len__(self) -> int:
         return len(self.records)
 
     def bad_sample_error(self, skip: Skip) -> BadSampleError:
         """The strict-mode error for a skip found after reading (e.g. by the tokenizer)."""
-        return BadSampleError(skip, line_numbers=self.spec.piece_of(skip.sample_id).kind == "jsonl")
+        return BadSampleError(skip)
+
+    def select(self, positions: Sequence[int]) -> "RawWindow":
+        """The records at ``positions`` (no skips): a sub-window for one tokenizer setting."""
+        pos = np.asarray(positions, dtype=np.int64)
+        return RawWindow(self.spec, self.sample_ids[pos], [self.records[i] for i in pos], [], self.sources[pos])
 
 
 # ---- input expansion -------------------------------------------------------------------------
-def expand_inputs(inputs: Sequence[str]) -> list[tuple[str, str]]:
-    """Resolve inputs to an ordered list of (file, kind). Order defines the global sample ids."""
+def expand_inputs(inputs: Sequence[str] | str) -> list[tuple[str, str]]:
+    """Resolve inputs to an ordered list of (file, kind), each real file once.
+
+    Order defines the global sample ids. A file reached twice (listed twice, or through a
+    symlinked directory loop under ``**``) is read once, with a warning.
+    """
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
     out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}  # real path -> the path it was first listed as
+    repeats: list[str] = []
     for item in inputs:
         path = os.fspath(item)
+        for file, kind in _expand_one(path):
+            real = os.path.realpath(file)
+            if real in seen:
+                repeats.append(file)
+                continue
+            seen[real] = file
+            out.append((file, kind))
+    if repeats:
+        logger.warning(
+            "%d input path(s) lead to files already listed (a symlink loop, or the same file given twice), "
+            "e.g. %s; each file is read once", len(repeats), repeats[0],
+        )
+    return out
+
+
+def _expand_one(path: str) -> list[tuple[str, str]]:
+    try:
         if os.path.isdir(path):
-            out.extend(_expand_dir(path))
-        elif os.path.isfile(path):
-            out.append((path, _kind_of(path)))
-        elif glob.has_magic(path):
+            return _expand_dir(path)
+        if os.path.isfile(path):
+            return [(path, _kind_of(path))]
+        if glob.has_magic(path):
             matches = sorted(glob.glob(path, recursive=True))
             if not matches:
                 raise ValueError(f"input {path!r}: the glob matches no file")
+            found: list[tuple[str, str]] = []
             for m in matches:
-                out.extend(_expand_dir(m) if os.path.isdir(m) else [(m, _kind_of(m))])
-        else:
-            raise ValueError(f"input {path!r} does not exist")
-    return out
+                if os.path.isdir(m):
+                    if "**" not in path:
+                        found.extend(_expand_dir(m))
+                elif os.path.splitext(m)[1].lower() in _KIND_OF_EXT or "**" not in path:
+                    found.append((m, _kind_of(m)))
+            if not found:
+                raise ValueError(f"input {path!r}: the glob matches no supported file ({', '.join(sorted(_KIND_OF_EXT))})")
+            return found
+        if os.path.islink(path):
+            raise ValueError(f"input {path!r} is a broken symbolic link")
+    except OSError as e:  # ELOOP, EACCES, ...: say which input and why
+        raise ValueError(f"input {path!r}: cannot read it ({e.strerror or e})") from None
+    raise ValueError(f"input {path!r} does not exist")
 
 
 def _kind_of(path: str) -> str:
@@ -198,110 +267,37 @@ def _expand_dir(path: str) -> list[tuple[str, str]]:
     return found
 
 
-# ---- format detection ------------------------------------------------------------------------
-def format_from_keys(keys: Sequence[str], source: str) -> str:
-    """"messages" -> messages; "prompt"+"completion" -> prompt_completion; "text" -> text."""
-    keys = set(keys)
-    if "messages" in keys:
-        return "messages"
-    if "prompt" in keys and "completion" in keys:
-        return "prompt_completion"
-    if "text" in keys:
-        return "text"
-    raise ValueError(
-        f"cannot detect the sample format of {source}: its first record has keys {sorted(keys)}; "
-        "expected 'messages', 'prompt' + 'completion', or 'text' (or set format explicitly)"
-    )
+def plan_windows(inputs: Sequence[str] | str, *, window_samples: int, format: str = "auto") -> list[WindowSpec]:
+    """The windows of ``inputs`` read in file order: one source, no shuffle, one epoch (the
+    simple form, for tests and tools; runs plan mixtures with ``plan.build_plan``)."""
+    from packfeed.service.config import DataConfig
+    from packfeed.service.plan import build_plan
+
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    config = DataConfig(inputs=paths, tokenizer="-", seq_len=2, window_samples=window_samples, block_samples=0,
+                        format=format)
+    plan = build_plan(config)
+    return [plan.window(k) for k in range(plan.num_windows)]
 
 
-def detect_format(path: str, kind: str) -> str:
-    if kind == "text":
-        return "text"
-    if kind in ("parquet", "arrow"):
-        return format_from_keys(_schema_names(path, kind), path)
-    with open(path, "rb") as f:
-        for line in islice(f, _DETECT_MAX_LINES):
-            try:
-                obj = json.loads(line.decode("utf-8-sig"))
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(obj, dict):
-                return format_from_keys(list(obj), path)
-    raise ValueError(
-        f"cannot detect the sample format of {path}: no JSON object in its first "
-        f"{_DETECT_MAX_LINES} lines (keys seen: none); a .json input must hold JSON Lines, one "
-        "object per line; or set format explicitly"
-    )
-
-
-# ---- planning --------------------------------------------------------------------------------
-def plan_windows(inputs: Sequence[str], *, window_samples: int, format: str = "auto") -> list[WindowSpec]:
-    """Split the inputs into windows of ``window_samples`` consecutive global sample ids.
-
-    Deterministic: the same files give the same plan. The last window may be shorter. Empty
-    inputs contribute no ids. Cost: one byte scan of each JSONL file, metadata reads otherwise.
-    """
-    if not isinstance(window_samples, int) or window_samples < 1:
-        raise ValueError(f"window_samples must be a positive integer, got {window_samples!r}")
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {format!r}")
-    w = window_samples
-    pieces: list[Piece] = []
-    next_id = 0
-    for path, kind in expand_inputs(inputs):
-        if kind == "text" and format not in ("auto", "text"):
-            raise ValueError(f"{path} is a plain-text file; it can only hold format 'text', not {format!r}")
-        first_boundary = (-next_id) % w  # first row of this file that starts a window
+# ---- scanning --------------------------------------------------------------------------------
+def scan_file(path: str, kind: str, *, first_row: int = 0, stride: int = MAX_SEEK_STRIDE) -> FileScan:
+    """Count a file's rows; for JSONL also note the byte offsets of the rows r with
+    (first_row + r) % stride == 0 (``first_row``: the file's first row within its source, so
+    seek points fall on the source's block boundaries). Errors name the file."""
+    try:
         if kind == "jsonl":
-            num_rows, row_offsets = _scan_jsonl(path, first_boundary, w)
-        else:
-            num_rows, row_offsets = _count_rows(path, kind), {}
-        if num_rows == 0:
-            continue
-        fmt = format if format != "auto" else detect_format(path, kind)
-        start = 0
-        while start < num_rows:
-            gid = next_id + start
-            n = min(num_rows - start, w - gid % w)
-            offset = (row_offsets[start] if start else 0) if kind == "jsonl" else -1
-            pieces.append(Piece(path, kind, fmt, start, n, gid, offset))
-            start += n
-        next_id += num_rows
-    return _group_windows(pieces, w)
-
-
-def _group_windows(pieces: list[Piece], w: int) -> list[WindowSpec]:
-    by_window: dict[int, list[Piece]] = {}
-    for p in pieces:
-        by_window.setdefault(p.first_sample_id // w, []).append(p)
-    windows = []
-    for index in sorted(by_window):
-        merged = _merge_text_pieces(by_window[index])
-        first = merged[0].first_sample_id
-        total = sum(p.num_rows for p in merged)
-        windows.append(WindowSpec(index, first, total, tuple(merged)))
-    return windows
-
-
-def _merge_text_pieces(pieces: list[Piece]) -> list[Piece]:
-    """Consecutive one-document text files become one piece listing its files."""
-    out: list[Piece] = []
-    run: list[Piece] = []
-
-    def flush() -> None:
-        if run:
-            files = tuple(p.path for p in run)
-            out.append(Piece(files[0], "text", "text", 0, len(files), run[0].first_sample_id, -1, files))
-            run.clear()
-
-    for p in pieces:
-        if p.kind == "text":
-            run.append(p)
-        else:
-            flush()
-            out.append(p)
-    flush()
-    return out
+            num_rows, offsets = _scan_jsonl(path, (-first_row) % stride, stride)
+            offsets.setdefault(0, 0)
+            rows = np.asarray(sorted(offsets), dtype=np.int64)
+            return FileScan(path, kind, num_rows, rows, np.asarray([offsets[r] for r in rows.tolist()], np.int64))
+        return FileScan(path, kind, _count_rows(path, kind))
+    except OSError as e:
+        raise ValueError(f"input {path!r}: cannot read it ({e.strerror or e})") from None
+    except Exception as e:  # pyarrow's ArrowInvalid & co: a corrupt or truncated file
+        if type(e).__module__.startswith("pyarrow"):
+            raise ValueError(f"input {path!r}: not a readable {kind} file ({e}); re-export it or leave it out") from None
+        raise
 
 
 def _scan_jsonl(path: str, first_boundary: int, step: int) -> tuple[int, dict[int, int]]:
@@ -345,21 +341,6 @@ def _count_rows(path: str, kind: str) -> int:
 
 
 # ---- columnar helpers ------------------------------------------------------------------------
-def _schema_names(path: str, kind: str) -> list[str]:
-    import pyarrow as pa
-
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.ParquetFile(path).schema_arrow.names)
-    with pa.memory_map(path, "r") as source:
-        try:
-            return list(pa.ipc.open_file(source).schema.names)
-        except pa.ArrowInvalid:
-            source.seek(0)
-            return list(pa.ipc.open_stream(source).schema.names)
-
-
 def _arrow_batches(path: str) -> Iterator[Any]:
     """Record batches of an Arrow IPC file (random access) or stream, memory-mapped (zero copy)."""
     import pyarrow as pa
@@ -372,64 +353,81 @@ def _arrow_batches(path: str) -> Iterator[Any]:
             try:
                 stream = pa.ipc.open_stream(source)
             except pa.ArrowInvalid as e:
-                raise ValueError(f"{path}: not an Arrow IPC file or stream ({e})") from None
+                raise ValueError(f"input {path!r}: not an Arrow IPC file or stream ({e})") from None
             yield from stream
         else:
             for i in range(reader.num_record_batches):
                 yield reader.get_batch(i)
 
 
-def _columnar_slices(piece: Piece) -> Iterator[Any]:
-    """Tables/batches holding exactly rows [start_row, start_row + num_rows) of the piece."""
-    lo, hi = piece.start_row, piece.start_row + piece.num_rows
-    names = _schema_names(piece.path, piece.kind)
-    columns = [c for c in _FORMAT_COLUMNS[piece.format] if c in names]
-    if piece.kind == "parquet":
+def _read_columnar(path: str, kind: str, ranges: list[tuple[int, int]], fmt: str) -> list[Any]:
+    """One table per row range [lo, hi) of a Parquet/Arrow file, decoding every row group or
+    batch the ranges touch once, with only the columns the format reads."""
+    import pyarrow as pa
+
+    if kind == "parquet":
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(piece.path)
-        row = 0
-        for i in range(pf.metadata.num_row_groups):
-            n = pf.metadata.row_group(i).num_rows
-            if row + n <= lo:  # skipped from the footer, nothing decoded
-                row += n
-                continue
-            # decodes the row group's pages in batches up to the window's last row
-            for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, row_groups=[i], columns=columns):
-                n = batch.num_rows
-                if row + n > lo:
-                    yield batch.slice(max(lo - row, 0), min(hi, row + n) - max(lo, row))
-                row += n
-                if row >= hi:
-                    return
-    else:
-        row = 0
-        for batch in _arrow_batches(piece.path):
-            n = batch.num_rows
-            if row + n > lo and row < hi:
-                yield batch.select(columns).slice(max(lo - row, 0), min(hi, row + n) - max(lo, row))
-            row += n
-            if row >= hi:
-                return
+        pf = pq.ParquetFile(path)
+        sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        names = pf.schema_arrow.names
+        columns = [c for c in _FORMAT_COLUMNS[fmt] if c in names]
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        needed = sorted({g for lo, hi in ranges for g in range(_group_of(starts, lo), _group_of(starts, hi - 1) + 1)})
+        table = pf.read_row_groups(needed, columns=columns)
+        # The needed groups sit back to back in ``table``: file row r of group g is table row
+        # r - starts[g] + (rows of the needed groups before g).
+        before = dict(zip(needed, np.cumsum([0] + [sizes[g] for g in needed[:-1]]).tolist()))
+
+        def table_row(r: int) -> int:
+            g = _group_of(starts, r)
+            return before[g] + r - int(starts[g])
+
+        return [table.slice(table_row(lo), hi - lo) for lo, hi in ranges]
+    batches: list[Any] = []
+    row = 0
+    last = max(hi for _, hi in ranges)
+    for batch in _arrow_batches(path):
+        n = batch.num_rows
+        if any(lo < row + n and hi > row for lo, hi in ranges):
+            batches.append((row, batch))
+        row += n
+        if row >= last:
+            break
+    names = batches[0][1].schema.names if batches else []
+    columns = [c for c in _FORMAT_COLUMNS[fmt] if c in names]
+    out = []
+    for lo, hi in ranges:
+        parts = [b.select(columns).slice(max(lo - r, 0), min(hi, r + b.num_rows) - max(lo, r))
+                 for r, b in batches if lo < r + b.num_rows and hi > r]
+        out.append(pa.Table.from_batches(parts) if parts else None)
+    return out
+
+
+def _group_of(starts: np.ndarray, row: int) -> int:
+    return int(np.searchsorted(starts, row, side="right")) - 1
 
 
 # ---- reading ---------------------------------------------------------------------------------
 def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
     """Read exactly the rows of ``spec``: good records with their ids, and a Skip for the rest.
 
-    With ``strict=True`` the first bad row raises ``BadSampleError`` naming file and row.
+    With ``strict=True`` the first bad row raises ``BadSampleError`` naming file, row and line.
+    Rows of a Parquet/Arrow file the reader cannot decode are skipped as ``unreadable``.
     """
     ids: list[int] = []
     records: list[Any] = []
+    sources: list[int] = []
     skips: list[Skip] = []
-    for piece in spec.pieces:
+    columnar = _columnar_tables(spec)
+    for index, piece in enumerate(spec.pieces):
         parse = RECORD_PARSERS[piece.format]
         if piece.kind == "jsonl":
             rows = _jsonl_rows(piece, parse)
         elif piece.kind == "text":
             rows = _text_rows(piece)
         else:
-            rows = _columnar_rows(piece, parse)
+            rows = _columnar_rows(piece, parse, columnar[index])
         got = 0
         for k, record, bad in rows:
             sid = piece.first_sample_id + k
@@ -437,31 +435,78 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
             if bad is None:
                 ids.append(sid)
                 records.append(record)
+                sources.append(piece.source)
                 continue
-            source, row = (piece.files[k], 0) if piece.kind == "text" else (piece.path, piece.start_row + k)
-            skip = Skip(sid, source, row, bad.reason, bad.detail)
+            skip = spec.skip(sid, bad.reason, bad.detail)
             if strict:
-                raise BadSampleError(skip, line_numbers=piece.kind == "jsonl")
+                raise BadSampleError(skip)
             skips.append(skip)
         if got != piece.num_rows:
             raise RuntimeError(
                 f"{piece.path}: expected {piece.num_rows} rows from row {piece.start_row}, read {got}; "
                 "did the file change after the windows were planned?"
             )
-    return RawWindow(spec, np.asarray(ids, dtype=np.int64), records, skips)
+    return RawWindow(spec, np.asarray(ids, dtype=np.int64), records, skips, np.asarray(sources, dtype=np.int64))
 
 
 Row = tuple[int, Any, "InvalidRecord | None"]
 
 
+def _columnar_tables(spec: WindowSpec) -> dict[int, Any]:
+    """piece position -> its table (or an InvalidRecord when the file could not be decoded)."""
+    by_file: dict[str, list[int]] = {}
+    for i, p in enumerate(spec.pieces):
+        if p.kind in ("parquet", "arrow"):
+            by_file.setdefault(p.path, []).append(i)
+    out: dict[int, Any] = {}
+    for path, positions in by_file.items():
+        pieces = [spec.pieces[i] for i in positions]
+        try:
+            tables = _read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces],
+                                   pieces[0].format)
+        except Exception as e:  # a corrupt row group or batch: these rows are unreadable, not a crash
+            if not type(e).__module__.startswith("pyarrow") and not isinstance(e, (OSError, ValueError)):
+                raise
+            tables = [InvalidRecord(UNREADABLE, f"{type(e).__name__}: {str(e)[:200]}")] * len(pieces)
+        out.update(zip(positions, tables))
+    return out
+
+
 def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:
     with open(piece.path, "rb") as f:
         f.seek(piece.byte_offset)
-        for k, line in enumerate(islice(f, piece.num_rows)):
+        lines = islice(f, piece.start_row - piece.seek_row, None)
+        for k, line in enumerate(islice(lines, piece.num_rows)):
             try:
                 yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
             except InvalidRecord as bad:
                 yield k, None, bad
+
+
+class _JsonFields:
+    """``get(key)`` over one JSON object, with ``keys()`` for messages."""
+
+    def __init__(self, obj: dict) -> None:
+        self._obj = obj
+
+    def __call__(self, key: str) -> Any:
+        return self._obj.get(key, MISSING)
+
+    def keys(self) -> list[str]:
+        return list(self._obj)
+
+
+class _ColumnFields:
+    """``get(key)`` over row ``i`` of decoded columns."""
+
+    def __init__(self, values: dict[str, list], i: int) -> None:
+        self._values, self._i = values, i
+
+    def __call__(self, key: str) -> Any:
+        return self._values[key][self._i] if key in self._values else MISSING
+
+    def keys(self) -> list[str]:
+        return [k for k, v in self._values.items() if v[self._i] is not None]
 
 
 def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
@@ -479,13 +524,17 @@ def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any],
         raise InvalidRecord(MALFORMED_JSON, str(e)[:200]) from None
     if not isinstance(obj, dict):
         raise InvalidRecord(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
-    return parse(lambda key: obj.get(key, MISSING))
+    return parse(_JsonFields(obj))
 
 
 def _text_rows(piece: Piece) -> Iterator[Row]:
     for k, path in enumerate(piece.files):
-        with open(path, "rb") as f:
-            data = f.read()
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            yield k, None, InvalidRecord(UNREADABLE, e.strerror or str(e))
+            continue
         try:
             yield k, _parse_text_file(data), None
         except InvalidRecord as bad:
@@ -504,15 +553,16 @@ def _parse_text_file(data: bytes) -> str:
     return text
 
 
-def _columnar_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:
-    k = 0
-    for part in _columnar_slices(piece):
-        values = {name: part.column(name).to_pylist() for name in part.schema.names}
-        for i in range(part.num_rows):
-            try:
-                record = parse(lambda key: values[key][i] if key in values else MISSING)
-            except InvalidRecord as bad:
-                yield k, None, bad
-            else:
-                yield k, record, None
-            k += 1
+def _columnar_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any], table: Any) -> Iterator[Row]:
+    if isinstance(table, InvalidRecord):
+        for k in range(piece.num_rows):
+            yield k, None, table
+        return
+    if table is None:
+        return
+    values = {name: table.column(name).to_pylist() for name in table.schema.names}
+    for i in range(table.num_rows):
+        try:
+            yield i, parse(_ColumnFields(values, i)), None
+        except InvalidRecord as bad:
+            yield i, None, bad

@@ -1,77 +1,197 @@
 """Accounting of a packing run: every sample is delivered exactly once or reported.
 
-Per window the worker produces a ``WindowStats``; the driver merges them. The invariant
-``samples_read == samples_packed + sum(skipped) + dropped`` holds for every window and so for
-the total (``check_accounting``): a sample that is neither packed nor reported is a bug.
+Each window produces a ``WindowStats``: ``Counts`` per source (samples read, packed, skipped by
+reason, truncated/split/dropped, tokens, formats seen) and the first few skips. They travel
+with the window's rows (a JSON cell of the Arrow block, see pipeline.py), so no actor holds
+them and a lost actor cannot lose them. The driver folds them into ``RunStats``, by (epoch,
+source). ``samples_read == samples_packed + skipped + dropped`` holds for every window, source
+and epoch (``check_accounting``): a sample neither packed nor reported is a bug.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+from packfeed.service.records import Skip
 
 MAX_SKIP_EXAMPLES = 5
+_INT_FIELDS = ("samples_read", "samples_packed", "truncated", "split", "dropped", "tokens", "trained_tokens")
+
+
+@dataclass
+class Counts:
+    """Samples of one source (in one window, epoch or run) and what became of them."""
+
+    samples_read: int = 0  # rows covered, bad ones included; a repeated sample counts each time
+    samples_packed: int = 0  # delivered (a truncated or split sample counts once)
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+    truncated: int = 0
+    split: int = 0
+    dropped: int = 0
+    tokens: int = 0  # real (non-padding) tokens in rows
+    trained_tokens: int = 0  # labels != IGNORE_INDEX
+    formats: Counter = field(default_factory=Counter)  # detected format -> good records read
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def merge(self, other: "Counts") -> None:
+        for name in _INT_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.skipped.update(other.skipped)
+        self.formats.update(other.formats)
+
+    def check(self, label: str) -> None:
+        accounted = self.samples_packed + self.skipped_total + self.dropped
+        if accounted != self.samples_read:
+            raise RuntimeError(
+                f"accounting error ({label}): read {self.samples_read} samples but packed {self.samples_packed}, "
+                f"skipped {self.skipped_total}, dropped {self.dropped}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {name: getattr(self, name) for name in _INT_FIELDS}
+        d["skipped"] = dict(sorted(self.skipped.items()))
+        d["skipped_total"] = self.skipped_total
+        d["formats"] = dict(sorted(self.formats.items()))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Counts":
+        return cls(**{n: int(d[n]) for n in _INT_FIELDS}, skipped=Counter(d["skipped"]), formats=Counter(d["formats"]))
 
 
 @dataclass
 class WindowStats:
-    samples_read: int = 0  # rows of the inputs covered, skipped ones included
-    samples_packed: int = 0  # samples delivered (a truncated or split sample counts once)
-    skipped: Counter = field(default_factory=Counter)  # reason -> count
-    skip_examples: list[dict[str, Any]] = field(default_factory=list)  # first few, in order
-    truncated: int = 0
-    split: int = 0
-    dropped: int = 0
-    rows: int = 0
-    tokens: int = 0  # real (non-padding) tokens in rows
-    trained_tokens: int = 0  # labels != IGNORE_INDEX
-    windows: int = 0
+    """One window's accounting: its rows and ``Counts`` per source index."""
 
-    def merge(self, other: "WindowStats") -> None:
-        for f in dataclasses.fields(self):
-            if f.name == "skipped":
-                self.skipped.update(other.skipped)
-            elif f.name == "skip_examples":
-                room = MAX_SKIP_EXAMPLES - len(self.skip_examples)
-                self.skip_examples.extend(other.skip_examples[: max(room, 0)])
-            else:
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    window: int
+    epoch: int
+    rows: int = 0
+    sources: dict[int, Counts] = field(default_factory=dict)
+    skip_examples: list[Skip] = field(default_factory=list)  # the first few, by sample id
+
+    def source(self, index: int) -> Counts:
+        return self.sources.setdefault(index, Counts())
 
     def check_accounting(self) -> None:
-        accounted = self.samples_packed + sum(self.skipped.values()) + self.dropped
-        if accounted != self.samples_read:
-            raise RuntimeError(
-                f"accounting error: read {self.samples_read} samples but packed "
-                f"{self.samples_packed}, skipped {sum(self.skipped.values())}, dropped {self.dropped}"
-            )
+        for index, counts in self.sources.items():
+            counts.check(f"window {self.window}, source {index}")
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "window": self.window, "epoch": self.epoch, "rows": self.rows,
+            "sources": {str(i): c.to_dict() for i, c in self.sources.items()},
+            "skip_examples": [dataclasses.asdict(s) for s in self.skip_examples],
+        })  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "WindowStats":
+        d = json.loads(text)
+        return cls(
+            window=d["window"], epoch=d["epoch"], rows=d["rows"],
+            sources={int(i): Counts.from_dict(c) for i, c in d["sources"].items()},
+            skip_examples=[Skip(**s) for s in d["skip_examples"]],
+        )  # fmt: skip
+
+
+class RunStats:
+    """Totals over the windows seen so far, by (epoch, source). A window packed again (a
+    restarted reader) counts once: its stats are the same, it is one window of the stream."""
+
+    def __init__(self, source_names: Sequence[str], planned: Sequence[int]) -> None:
+        self.names, self.planned = list(source_names), [int(p) for p in planned]
+        self.by_epoch: dict[int, dict[int, Counts]] = {}
+        self.rows = 0
+        self.seen: set[int] = set()
+        self.skip_examples: list[Skip] = []
+
+    @property
+    def windows(self) -> int:
+        return len(self.seen)
+
+    def add(self, ws: WindowStats) -> None:
+        if ws.window in self.seen:
+            return
+        self.seen.add(ws.window)
+        epoch = self.by_epoch.setdefault(ws.epoch, {})
+        for index, counts in ws.sources.items():
+            epoch.setdefault(index, Counts()).merge(counts)
+        self.rows += ws.rows
+        examples = sorted(self.skip_examples + ws.skip_examples, key=lambda s: (s.sample_id, s.row))
+        self.skip_examples = examples[:MAX_SKIP_EXAMPLES]
+
+    def source_total(self, index: int) -> Counts:
+        total = Counts()
+        for epoch in self.by_epoch.values():
+            if index in epoch:
+                total.merge(epoch[index])
+        return total
+
+    def total(self) -> Counts:
+        total = Counts()
+        for index in range(len(self.names)):
+            total.merge(self.source_total(index))
+        return total
+
+    def check_accounting(self) -> None:
+        for e, sources in self.by_epoch.items():
+            for index, counts in sources.items():
+                counts.check(f"epoch {e}, source {self.names[index]!r}")
+
+    def empty_sources(self) -> list[str]:
+        """Sources that were read but delivered no sample (all their rows were bad)."""
+        return [self.names[i] for i in range(len(self.names))
+                if self.source_total(i).samples_read and not self.source_total(i).samples_packed]
 
     def to_dict(self, *, seq_len: int, seconds: float) -> dict[str, Any]:
+        """The stats.json of a run: totals first, then a ``sources`` table (per epoch too)."""
+        total = self.total()
         capacity = self.rows * seq_len
-        return {
-            "samples_read": self.samples_read,
-            "samples_packed": self.samples_packed,
-            "skipped": dict(sorted(self.skipped.items())),
-            "skipped_total": sum(self.skipped.values()),
-            "skip_examples": self.skip_examples,
-            "truncated": self.truncated,
-            "split": self.split,
-            "dropped": self.dropped,
+        out = total.to_dict()
+        out.update({
+            "skip_examples": [dataclasses.asdict(s) for s in self.skip_examples],
             "rows": self.rows,
-            "tokens": self.tokens,
-            "trained_tokens": self.trained_tokens,
-            "bound_rows": -(-self.tokens // seq_len),
-            "efficiency": self.tokens / capacity if capacity else 0.0,
+            "bound_rows": -(-total.tokens // seq_len),
+            "efficiency": total.tokens / capacity if capacity else 0.0,
             "windows": self.windows,
             "seq_len": seq_len,
             "seconds": round(seconds, 3),
-            "tokens_per_second": self.tokens / seconds if seconds > 0 else 0.0,
-        }
+            "tokens_per_second": total.tokens / seconds if seconds > 0 else 0.0,
+            "sources": [self._source_dict(i) for i in range(len(self.names))],
+        })  # fmt: skip
+        return out
+
+    def _source_dict(self, index: int) -> dict[str, Any]:
+        total = self.source_total(index)
+        d = {"name": self.names[index], "planned_samples_per_epoch": self.planned[index], **total.to_dict()}
+        d["usable"] = total.samples_read - total.skipped_total
+        epochs = []
+        for e in sorted(self.by_epoch):
+            c = self.by_epoch[e].get(index, Counts())
+            all_packed = sum(x.samples_packed for x in self.by_epoch[e].values())
+            all_tokens = sum(x.tokens for x in self.by_epoch[e].values())
+            epochs.append({
+                "epoch": e, "samples_read": c.samples_read, "samples_packed": c.samples_packed,
+                "skipped": c.skipped_total, "dropped": c.dropped, "tokens": c.tokens,
+                "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
+                "share_tokens": c.tokens / all_tokens if all_tokens else 0.0,
+            })  # fmt: skip
+        planned_total = sum(self.planned)
+        d["planned_share"] = self.planned[index] / planned_total if planned_total else 0.0
+        packed = sum(self.source_total(i).samples_packed for i in range(len(self.names)))
+        d["realised_share"] = total.samples_packed / packed if packed else 0.0
+        d["epochs"] = epochs
+        return d
 
 
 def format_summary(stats: dict[str, Any]) -> str:
-    """The end-of-run table printed by ``packfeed pack``."""
+    """The end-of-run table printed by ``packfeed pack`` and the serve/train reports."""
     lines = [
         ("samples read", f"{stats['samples_read']:,}"),
         ("samples packed", f"{stats['samples_packed']:,}"),
@@ -88,6 +208,23 @@ def format_summary(stats: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
+    sources = stats.get("sources", [])
+    if len(sources) > 1 or any(len(s["epochs"]) > 1 for s in sources):
+        out.append(format_sources(sources))
     for ex in stats["skip_examples"]:
-        out.append(f"skipped: {ex['source']} row {ex['row']} (sample {ex['sample_id']}): {ex['reason']}: {ex['detail']}")
+        out.append(f"skipped: {Skip(**ex).describe()}")
     return "\n".join(out)
+
+
+def format_sources(sources: list[dict[str, Any]]) -> str:
+    """Per source: planned vs delivered samples and shares (a fixed-width table)."""
+    header = ("source", "read", "packed", "skipped", "dropped", "tokens", "planned share", "realised share")
+    rows = [header] + [
+        (s["name"], f"{s['samples_read']:,}", f"{s['samples_packed']:,}", f"{s['skipped_total']:,}",
+         f"{s['dropped']:,}", f"{s['tokens']:,}", f"{100 * s['planned_share']:.2f}%",
+         f"{100 * s['realised_share']:.2f}%")
+        for s in sources
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)

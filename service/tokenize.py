@@ -255,9 +255,7 @@ class SampleTokenizer:
     def _skips(self, raw: RawWindow, skipped: list[tuple[int, str, str]]) -> list[Skip]:
         skips = []
         for p, reason, detail in sorted(skipped):
-            sid = int(raw.sample_ids[p])
-            source, row = raw.spec.locate(sid)
-            skips.append(Skip(sid, source, row, reason, detail))
+            skips.append(raw.spec.skip(int(raw.sample_ids[p]), reason, detail))
         if skips and self.strict:
             raise raw.bad_sample_error(skips[0])
         return skips
@@ -475,3 +473,27 @@ def _has_trained_token_after_first(lengths: np.ndarray, trained: np.ndarray) -> 
     first = np.zeros(len(lengths), dtype=np.int64)
     first[lengths > 0] = trained[starts[lengths > 0]]
     return (n_trained - first) > 0
+
+
+def load_tokenizer(name_or_path: str, **kwargs: Any) -> SampleTokenizer:
+    """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
+    mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
+    directory, a corrupt tokenizer.json, a Hub id that is not cached (runs are offline)."""
+    import os
+
+    looks_local = os.sep in name_or_path or name_or_path.startswith(".") or os.path.exists(name_or_path)
+    if looks_local and not os.path.isdir(name_or_path):
+        what = "is a file" if os.path.exists(name_or_path) else "does not exist"
+        raise ValueError(f"tokenizer {name_or_path!r} {what}: give the directory holding tokenizer.json "
+                         "(e.g. service/assets/tokenizer) or a Hugging Face id")
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    except Exception as e:  # transformers raises OSError, ValueError, JSONDecodeError, Exception...
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"tokenizer {name_or_path!r}: cannot load it ({type(e).__name__}: {detail}); give a directory with a "
+            "valid tokenizer.json (and tokenizer_config.json), or a Hugging Face id already in the local cache"
+        ) from None
+    return SampleTokenizer(tokenizer, **kwargs)

@@ -1,9 +1,9 @@
-"""One packing window, end to end: read -> tokenize -> pack -> rows.
+"""One packing window: read, tokenize, pack, assemble, account. No Ray here.
 
-The unit of work of the pipeline. A window is ``window_samples`` consecutive samples of the
-inputs; it is packed on its own, so windows run in parallel on any number of workers and the
-rows of a window depend only on (inputs, config, seed). No Ray here: the Ray actor in
-``pipeline.py`` calls ``process_window``, and so do the unit tests.
+A window holds samples of every source of the mixture (``plan.py`` says which); it is packed on
+its own, so windows run in parallel on any number of workers and its rows depend only on
+(config, seed). The Ray actor in ``pipeline.py`` calls ``process_window``, and so do the unit
+tests.
 
 Rows leave a window in a seeded random order: best-fit-decreasing places the longest samples
 first, and a trainer should not see all long samples at once.
@@ -11,16 +11,18 @@ first, and a trainer should not see all long samples at once.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import Mapping
 
 import numpy as np
 
-from packfeed.client.rows import IGNORE_INDEX, PackedRows
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
 from packfeed.service.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
-from packfeed.service.sources import WindowSpec, read_window
+from packfeed.service.plan import StreamPlan
+from packfeed.service.records import record_format
+from packfeed.service.sources import RawWindow, WindowSpec, read_window
 from packfeed.service.stats import MAX_SKIP_EXAMPLES, WindowStats
-from packfeed.service.tokenize import SampleTokenizer
+from packfeed.service.tokenize import SampleTokenizer, TokenizedSamples
 
 
 def row_order(seed: int, window_index: int, num_rows: int) -> np.ndarray:
@@ -29,16 +31,18 @@ def row_order(seed: int, window_index: int, num_rows: int) -> np.ndarray:
 
 
 def process_window(
-    spec: WindowSpec, tokenizer: SampleTokenizer, config: DataConfig
+    spec: WindowSpec, tokenizers: Mapping[str, SampleTokenizer], config: DataConfig, plan: StreamPlan
 ) -> tuple[PackedRows, WindowStats]:
     """Pack one window. Returns its rows (``row_index`` local to the window) and its stats.
 
+    ``tokenizers``: one per loss mode the sources use (``plan.sources[i].loss``).
     Cost: dominated by tokenization; packing and assembling are vectorised numpy.
     """
     raw = read_window(spec, strict=config.strict)
-    samples = tokenizer.tokenize(raw)
+    samples = _tokenize(raw, tokenizers, plan)
     lengths = np.diff(samples.offsets)
     packing = pack(lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong)
+    pad_id = next(iter(tokenizers.values())).pad_id
     rows = assemble_rows(
         packing,
         samples.tokens,
@@ -46,24 +50,78 @@ def process_window(
         samples.offsets,
         samples.sample_ids,
         seq_len=config.seq_len,
-        pad_id=tokenizer.pad_id,
+        pad_id=pad_id,
         row_order=row_order(config.seed, spec.index, packing.num_rows),
     )
+    return rows, window_stats(spec, raw, samples, packing, rows, plan)
 
-    skips = list(raw.skips) + list(samples.skips)
-    stats = WindowStats(
-        samples_read=spec.num_samples,
-        samples_packed=len(lengths) - len(packing.dropped),
-        truncated=len(packing.truncated),
-        split=len(packing.split),
-        dropped=len(packing.dropped),
-        rows=rows.num_rows,
-        tokens=rows.num_real_tokens,
-        trained_tokens=int((rows.labels != IGNORE_INDEX).sum()),
-        windows=1,
+
+def _tokenize(raw: RawWindow, tokenizers: Mapping[str, SampleTokenizer], plan: StreamPlan) -> TokenizedSamples:
+    """Tokenize the window's records, each with the tokenizer of its source's loss mode."""
+    losses = [s.loss for s in plan.sources]
+    modes = sorted({losses[i] for i in raw.sources.tolist()}) or [plan.sources[0].loss]
+    if len(modes) == 1:
+        return tokenizers[modes[0]].tokenize(raw)
+    parts = []
+    for mode in modes:  # a fixed order: the rows stay deterministic
+        positions = [p for p, s in enumerate(raw.sources.tolist()) if losses[s] == mode]
+        parts.append(tokenizers[mode].tokenize(raw.select(positions)))
+    offsets = [np.asarray([0], np.int64)]
+    for part in parts:
+        offsets.append(part.offsets[1:] + offsets[-1][-1])
+    return TokenizedSamples(
+        tokens=np.concatenate([p.tokens for p in parts]),
+        labels=np.concatenate([p.labels for p in parts]),
+        offsets=np.concatenate(offsets),
+        sample_ids=np.concatenate([p.sample_ids for p in parts]),
+        skips=[s for p in parts for s in p.skips],
     )
-    for skip in skips:
-        stats.skipped[skip.reason] += 1
-    stats.skip_examples = [dataclasses.asdict(s) for s in skips[:MAX_SKIP_EXAMPLES]]
+
+
+def window_stats(spec: WindowSpec, raw: RawWindow, samples: TokenizedSamples, packing, rows: PackedRows,
+                 plan: StreamPlan) -> WindowStats:
+    """Per-source accounting of one window (see stats.py)."""
+    stats = WindowStats(window=spec.index, epoch=spec.epoch, rows=rows.num_rows)
+    num_sources = len(plan.sources)
+    read = np.zeros(num_sources, np.int64)
+    for piece in spec.pieces:
+        read[piece.source] += piece.num_rows
+    skips = list(raw.skips) + list(samples.skips)
+    skip_sources = plan.source_of([s.sample_id for s in skips]) if skips else np.zeros(0, np.int64)
+    kept_sources = plan.source_of(samples.sample_ids)
+    dropped = np.bincount(kept_sources[packing.dropped], minlength=num_sources)
+    truncated = np.bincount(kept_sources[packing.truncated], minlength=num_sources)
+    split = np.bincount(kept_sources[packing.split], minlength=num_sources)
+    kept = np.bincount(kept_sources, minlength=num_sources)
+    tokens, trained = _segment_tokens(rows, plan, num_sources)
+    record_sources = raw.sources.tolist()
+    for s in range(num_sources):
+        if not read[s]:
+            continue
+        c = stats.source(s)
+        c.samples_read = int(read[s])
+        c.samples_packed = int(kept[s] - dropped[s])
+        c.truncated, c.split, c.dropped = int(truncated[s]), int(split[s]), int(dropped[s])
+        c.tokens, c.trained_tokens = int(tokens[s]), int(trained[s])
+    for skip, s in zip(skips, skip_sources.tolist()):
+        stats.source(s).skipped[skip.reason] += 1
+    for record, s in zip(raw.records, record_sources):
+        stats.source(s).formats[record_format(record)] += 1
+    stats.skip_examples = sorted(skips, key=lambda x: (x.sample_id, x.row))[:MAX_SKIP_EXAMPLES]
     stats.check_accounting()
-    return rows, stats
+    return stats
+
+
+def _segment_tokens(rows: PackedRows, plan: StreamPlan, num_sources: int) -> tuple[np.ndarray, np.ndarray]:
+    """Real and trained tokens per source, from the rows' segments."""
+    real = rows.sample_ids != PAD_SAMPLE_ID
+    if not real.any():
+        zeros = np.zeros(num_sources, np.int64)
+        return zeros, zeros
+    sources = plan.source_of(rows.sample_ids[real])
+    tokens = np.bincount(sources, weights=rows.seq_lens[real], minlength=num_sources)
+    segment_of_token = np.repeat(np.arange(len(rows.seq_lens)), rows.seq_lens)
+    trained_per_segment = np.bincount(segment_of_token, weights=(rows.labels.reshape(-1) != IGNORE_INDEX),
+                                      minlength=len(rows.seq_lens))
+    trained = np.bincount(sources, weights=trained_per_segment[real], minlength=num_sources)
+    return tokens.astype(np.int64), trained.astype(np.int64)

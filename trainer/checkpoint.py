@@ -5,7 +5,9 @@ Layout of one checkpoint directory::
     model/                 save_pretrained: config.json + model.safetensors
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           scheduler.state_dict()
-    trainer_state.json     {"step": completed optimizer steps, "data_position": {...}, ...}
+    trainer_state.json     {"step": completed optimizer steps, "stream": the stream state after it
+                           (PackedStream.state_dict()'s format: cursor, step, config hash, seq_len),
+                           "manifest": window first rows (hub.Manifest), "config": the run config}
 
 Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``);
 ``latest_checkpoint(output)`` finds the newest one for ``--resume``.
@@ -19,6 +21,7 @@ from typing import Any
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
+MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (hub.Manifest), under --output
 
 
 def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:

@@ -13,14 +13,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from packfeed.service.cli import add_data_arguments, data_config_from_args, load_config_file
+from packfeed.service.commands.args import (
+    add_data_arguments,
+    data_config_from_args,
+    load_config_file,
+    parse_pairs,
+    resolve_output,
+)
+
+HELP = "pack and train a causal LM on the packed rows (Ray Train, DDP)"
+ORDER = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_data_arguments(parser)  # data flags, --config, --address, --num-workers, --cpus-per-worker
+    add_data_arguments(parser)  # data flags, --config, --address and the packing flags
     flags = parser._option_string_actions
     flags["--num-workers"].help = "train workers (default from [scaling], 2)"
-    flags["--cpus-per-worker"].help = argparse.SUPPRESS  # train: [scaling] cpus_per_worker
+    flags["--cpus-per-worker"].help = "CPUs per train worker (default from [scaling], 0.5)"
     t = parser.add_argument_group("training")
     t.add_argument("--model", help="HF id, local save_pretrained dir, or tiny-<family> (random weights)")
     t.add_argument("--attn", help="attention back-end: auto, sdpa, eager, flash_attention_2, flash_attention_4, varlen")
@@ -32,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (0: at the end only)")
     t.add_argument("--stop-at-step", type=int, help="stop this run early (resume later with --resume)")
     t.add_argument("--packing-workers", type=int, help="packing actors (default from [scaling], 1)")
+    t.add_argument("--max-failures", type=int, help="worker-group restarts from the last checkpoint (default 1)")
     o = parser.add_argument_group("output")
     o.add_argument("--output", type=Path,
                    help="checkpoints, metrics.jsonl, loss.png, final/ (default: [output] dir, else runs/train)")
@@ -46,9 +56,6 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
     from packfeed.trainer.config import RunConfig
 
     base = load_config_file(args.config) if base is None else base
-    unknown = sorted(set(base) - {"data", "model", "train", "scaling", "output"})
-    if unknown:
-        raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling]")
     data = data_config_from_args(args, base)
     model = dict(base.get("model", {}))
     if args.model:
@@ -60,14 +67,19 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
     if "name" not in model:
         raise ValueError("missing --model (or `name` in the config file's [model] table)")
     train = dict(base.get("train", {}))
-    for flag in ("max_steps", "micro_batch_rows", "grad_accum", "lr", "log_every", "checkpoint_every", "stop_at_step"):
+    for flag in ("max_steps", "micro_batch_rows", "grad_accum", "lr", "log_every", "checkpoint_every", "stop_at_step",
+                 "max_failures"):
         if getattr(args, flag) is not None:
             train[flag] = getattr(args, flag)
     scaling = dict(base.get("scaling", {}))
-    if args.num_workers is not None:
-        scaling["num_workers"] = args.num_workers
-    if args.packing_workers is not None:
-        scaling["packing_workers"] = args.packing_workers
+    for flag, key in (("num_workers", "num_workers"), ("cpus_per_worker", "cpus_per_worker"),
+                      ("packing_workers", "packing_workers"), ("max_workers", "packing_max_workers")):
+        if getattr(args, flag) is not None:
+            scaling[key] = getattr(args, flag)
+    if args.packer_label:
+        scaling["packer_labels"] = parse_pairs(args.packer_label, "--packer-label", str)
+    if args.packer_resource:
+        scaling["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
     return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling})
 
 
@@ -76,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
 
     base = load_config_file(args.config)
     config = run_config_from_args(args, base)
-    output = args.output or Path(base.get("output", {}).get("dir", "runs/train"))
+    output = resolve_output(args.output or Path(base.get("output", {}).get("dir", "runs/train")))
     train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
     return 0

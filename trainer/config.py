@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from packfeed.service.config import DataConfig
+from packfeed.service.placement import check_resources, check_selector
 
 PRECISIONS = ("auto", "fp32", "bf16")
 TINY_PREFIX = "tiny-"
@@ -59,7 +60,9 @@ class TrainConfig:
     (metrics.jsonl, progress); ``checkpoint_every``: steps between checkpoints (0: only the
     last step); each checkpoint is also a ``ray.train.report`` (~1.7 s on a small box), so keep
     it at tens of steps or more. ``stop_at_step`` ends this run early without changing the
-    schedule (a planned interruption: resume later with ``--resume``).
+    schedule (a planned interruption: resume later with ``--resume``). ``max_failures``: how
+    many times Ray Train restarts the worker group from the latest checkpoint after a worker
+    dies (0: the run fails instead).
     """
 
     max_steps: int = 100
@@ -78,11 +81,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     stop_at_step: int | None = None
     record_rows: bool = False
+    max_failures: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "micro_batch_rows", "grad_accum", "log_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), minimum=1)
-        for name in ("warmup_steps", "checkpoint_every", "seed"):
+        for name in ("warmup_steps", "checkpoint_every", "seed", "max_failures"):
             _check_int(name, getattr(self, name), minimum=0)
         if self.stop_at_step is not None:
             _check_int("stop_at_step", self.stop_at_step, minimum=1)
@@ -107,11 +111,18 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainScaling:
-    """Train workers and packing actors, sized so both fit on the cluster together.
+    """Train workers, packing actors and where each runs, sized so both fit the cluster.
 
     On 2 CPUs the defaults fit: 2 train workers of 0.5 CPU and 1 packing actor of 1 CPU (Ray
-    deadlocks when requests exceed the CPUs, see DESIGN.md). ``use_gpu``: "auto" uses one GPU
-    per train worker when the cluster has GPUs.
+    deadlocks when requests exceed the CPUs, see docs/design.md). ``use_gpu``: "auto" uses one
+    GPU per train worker when the cluster has GPUs. ``packing_max_workers`` above
+    ``packing_workers`` lets the packing pool autoscale between the two.
+
+    Placement (see packfeed.service.placement): ``packer_labels`` / ``trainer_labels`` /
+    ``driver_labels`` are Ray label selectors for the packing actors, the train workers and the
+    feeder; None (default) means the ``packfeed/role`` defaults when the cluster's nodes carry
+    that label, nothing otherwise. ``packer_resources`` / ``trainer_resources``: custom
+    resources each packing actor / train worker asks for (e.g. {"packer_slot" = 1}).
     """
 
     num_workers: int = 2
@@ -119,14 +130,28 @@ class TrainScaling:
     use_gpu: str = "auto"
     packing_workers: int = 1
     packing_cpus_per_worker: float = 1.0
+    packing_max_workers: int | None = None
+    packer_labels: Mapping[str, str] | None = None
+    trainer_labels: Mapping[str, str] | None = None
+    driver_labels: Mapping[str, str] | None = None
+    packer_resources: Mapping[str, float] = field(default_factory=dict)
+    trainer_resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, minimum=1)
         _check_int("packing_workers", self.packing_workers, minimum=1)
+        if self.packing_max_workers is not None:
+            _check_int("packing_max_workers", self.packing_max_workers, minimum=self.packing_workers)
         if not self.cpus_per_worker > 0 or not self.packing_cpus_per_worker > 0:
             raise ValueError("cpus_per_worker and packing_cpus_per_worker must be > 0 (fractions are fine)")
         if self.use_gpu not in ("auto", "yes", "no"):
             raise ValueError(f"use_gpu must be auto, yes or no; got {self.use_gpu!r}")
+        for name in ("packer_labels", "trainer_labels", "driver_labels"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, check_selector(name, value))
+        for name in ("packer_resources", "trainer_resources"):
+            object.__setattr__(self, name, check_resources(name, getattr(self, name)))
 
 
 @dataclass(frozen=True, kw_only=True)

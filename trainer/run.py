@@ -2,8 +2,12 @@
 
 ::
 
-    PackedStream (packing actors, CPU) -> RowFeeder actor (ordered, step plan) -> N train
-    workers (TorchTrainer, DDP): get_step(rank, step) -> to_model_inputs -> train_step
+    PackingPipeline (packing actors, CPU) -> RowFeeder actor (RowHub + the serve contract) -> N
+    train workers (TorchTrainer, DDP): get_step(rank, step) -> to_model_inputs -> train_step
+
+A train worker that dies (SIGKILL, OOM) is restarted by Ray Train (``[train] max_failures``)
+from the latest checkpoint; the feeder, owned by the driver, serves the restarted ranks the
+same rows for the same steps.
 
 ``train(run, output=...)`` returns the summary dict and writes, under ``output``:
 ``metrics.jsonl``, ``loss.png``, ``summary.json``, Ray Train's checkpoints under ``ray/``,
@@ -19,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packfeed.trainer.batches import StepLayout
-from packfeed.trainer.checkpoint import RUN_NAME, latest_checkpoint, read_state
+from packfeed.trainer.checkpoint import MANIFEST_FILE, RUN_NAME, latest_checkpoint, read_state
 from packfeed.trainer.config import RunConfig
+from packfeed.trainer.feeder import RowFeeder
 from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
 
 logger = logging.getLogger(__name__)
@@ -33,62 +37,77 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
 
     Raises ValueError when ``output`` already holds a run and neither ``resume`` (continue
     from its latest checkpoint, on exactly the rows an uninterrupted run would see next) nor
-    ``overwrite`` (start again) is given.
+    ``overwrite`` (start again) is given. Everything that can be checked before Ray starts
+    (output, plan, tokenizer) is checked first.
     """
-    import ray
-    from ray.train import CheckpointConfig, ScalingConfig
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchTrainer
-
-    from packfeed.service.pipeline import Scaling, init_ray
-    from packfeed.service.tokenize import SampleTokenizer
-    from packfeed.trainer.feeder import RowFeeder
-    from packfeed.trainer.worker import train_loop_per_worker
+    from packfeed.service.plan import build_plan
+    from packfeed.service.raycluster import init_ray
+    from packfeed.service.tokenize import load_tokenizer
 
     output = Path(output).resolve()
     resume_from = _prepare_output(output, resume=resume, overwrite=overwrite)
-    start_step, position = 0, None
-    if resume_from is not None:
-        state = read_state(resume_from)
-        start_step, position = int(state["step"]), state["data_position"]
-        print(f"resuming from {resume_from} at step {start_step}, data position {position}", flush=True)
+    state = read_state(resume_from) if resume_from is not None else None
+    plan = build_plan(run.data)
+    tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
+    if state is not None:
+        print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
+              flush=True)
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
 
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
-    tokenizer = SampleTokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
+    return _fit(run, plan, tokenizer, output=output, resume_from=resume_from, state=state)
+
+
+def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from: Path | None,
+         state: dict | None) -> dict[str, Any]:
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig
+    from ray.train.torch import TorchTrainer
+
+    from packfeed.trainer.placement import check_placement, packing_scaling
+    from packfeed.trainer.worker import train_loop_per_worker
+
     use_gpu = run.scaling.use_gpu == "yes" or (
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
-    layout = StepLayout(world_size=run.scaling.num_workers, grad_accum=run.train.grad_accum,
-                        micro_rows=run.train.micro_batch_rows)
-    feeder = ray.remote(num_cpus=0)(RowFeeder).remote(
-        run.data, layout,
-        packing=Scaling(num_workers=run.scaling.packing_workers, cpus_per_worker=run.scaling.packing_cpus_per_worker),
-        first_step=start_step, position=position,
+    placement = check_placement(run.scaling, use_gpu=use_gpu)
+    world = run.scaling.num_workers
+    feeder = ray.remote(PipelineFeeder).options(
+        num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
+    ).remote(
+        run.data, plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
+        grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=tokenizer.pad_id,
+        state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "run": run.to_dict(), "feeder": feeder, "output": str(output),
-            "resume_from": str(resume_from) if resume_from else None,
             "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size,
         },
         scaling_config=ScalingConfig(
-            num_workers=run.scaling.num_workers, use_gpu=use_gpu,
-            resources_per_worker={"CPU": run.scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {})},
+            num_workers=world, use_gpu=use_gpu,
+            resources_per_worker={"CPU": run.scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}),
+                                  **run.scaling.train_resources},
+            label_selector=placement.trainer or None,
         ),
         run_config=RayRunConfig(
             name=RUN_NAME, storage_path=str(output),
             checkpoint_config=CheckpointConfig(num_to_keep=run.train.keep_checkpoints),
+            failure_config=FailureConfig(max_failures=run.train.max_failures),
         ),
+        resume_from_checkpoint=None if resume_from is None else ray.train.Checkpoint.from_directory(str(resume_from)),
     )
-    print(f"training {run.model.name} on {run.scaling.num_workers} worker(s) "
-          f"({'GPU' if use_gpu else 'CPU'}), {layout.rows_per_step} rows of {run.data.seq_len} per step, "
-          f"steps {start_step}->{run.train.last_step} -> {output}", flush=True)
+    start_step = 0 if state is None else int(state["step"])
+    print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
+          f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
+          f"steps {start_step}->{run.train.last_step}, {plan.epochs} epoch(s) -> {output}", flush=True)
     started = time.perf_counter()
     trainer.fit()
     packing = ray.get(feeder.packing_stats.remote())
+    total_rows = ray.get(feeder.total_rows.remote())
     ray.kill(feeder)
 
     tokenizer.tokenizer.save_pretrained(output / "final")
@@ -96,6 +115,17 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     summary = summarize(records)
     summary["wall_seconds"] = time.perf_counter() - started
     summary["packing"] = {k: packing.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
+    if packing.get("sources"):
+        summary["packing"]["sources"] = packing["sources"]
+    final_step = json.loads((output / "final" / "packfeed_state.json").read_text())["step"]
+    summary["final_step"] = final_step
+    if final_step < run.train.last_step:
+        summary["stopped_early"] = (
+            f"data exhausted at step {final_step} of {run.train.last_step} ({total_rows:,} rows in "
+            f"{plan.epochs} epoch(s)); the learning-rate schedule was planned for {run.train.max_steps} steps: "
+            "raise [data] epochs (or lower max_steps)"
+        )
+        print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
     summary["final_model"] = str(output / "final")
     if records:
         plot_loss(records, output / "loss.png")
@@ -104,10 +134,29 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     return summary
 
 
+class PipelineFeeder(RowFeeder):
+    """The run's RowFeeder over a PackingPipeline (built inside the feeder's actor)."""
+
+    def __init__(self, config: Any, plan: Any, scaling: Any, *, output: str, state: dict | None,
+                 saved_manifest: dict | None, pad_id: int, **layout: Any) -> None:
+        from packfeed.service.pipeline import new_run_stats
+        from packfeed.service.raycluster import quiet_ray
+        from packfeed.trainer.feeder import load_manifest, pipeline_reader
+
+        quiet_ray()
+        stats = new_run_stats(plan)
+        key = f"{config.config_hash()}-{plan.fingerprint()}"
+        manifest = load_manifest(key, Path(output) / MANIFEST_FILE, saved_manifest)
+        super().__init__(
+            pipeline_reader(config, plan, scaling, stats), manifest, seq_len=config.seq_len, pad_id=pad_id,
+            config_hash=config.config_hash(), state=state, stats=stats, **layout,
+        )
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     packing = summary.get("packing") or {}
     lines = [
-        ("steps", f"{summary.get('steps', 0)}"),
+        ("steps", f"{summary.get('steps', 0)}" + (" (stopped early: data exhausted)" if summary.get("stopped_early") else "")),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
         ("real tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("row fill (trained rows)", f"{summary.get('mean_fill', 0):.1%}"),
@@ -131,7 +180,7 @@ def _prepare_output(output: Path, *, resume: bool, overwrite: bool) -> Path | No
     if has_run:
         if not overwrite:
             raise ValueError(f"{output} already holds a training run: pass --resume to continue it or --overwrite")
-        for name in (RUN_NAME, "final", "rows", "metrics.jsonl", "summary.json", "loss.png"):
+        for name in (RUN_NAME, "final", "rows", "metrics.jsonl", "summary.json", "loss.png", MANIFEST_FILE):
             path = output / name
             if path.is_dir():
                 shutil.rmtree(path)

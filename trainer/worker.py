@@ -1,7 +1,9 @@
 """The per-worker training loop that Ray Train runs on every rank (``train_loop_per_worker``).
 
-Each step: take this rank's micro-batches of the step from the RowFeeder (the next step is
-already requested, so packing overlaps compute), complete short ones with padding rows,
+It starts from ``ray.train.get_checkpoint()`` when there is one: the checkpoint of ``--resume``
+or, after a worker died and Ray Train restarted the group, the latest one reported. Each step:
+take this rank's micro-batches of the step from the RowFeeder (the next step is already
+requested, so packing overlaps compute; padding rows already fill the last step),
 ``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP).
 Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
 every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
@@ -12,14 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from packfeed.client.model_inputs import to_model_inputs
-from packfeed.service.arrow_rows import rows_from_arrow
-from packfeed.trainer.batches import fill_micro_batch
+from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, peak_flops, progress_line
@@ -32,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 def train_loop_per_worker(config: dict) -> None:
     """``config``: {"run": RunConfig.to_dict(), "feeder": actor handle, "output": str,
-    "resume_from": checkpoint dir or None, "pad_id": int, "vocab_size": int}."""
+    "pad_id": int, "vocab_size": int}."""
     import ray.train
     import ray.train.torch
     import torch
@@ -51,8 +53,10 @@ def train_loop_per_worker(config: dict) -> None:
     model = build_model(run.model, vocab_size=config["vocab_size"], device=device, seed=train.seed)
     optimizer, scheduler = build_optimizer(model, train)
     step = 0
-    if config.get("resume_from"):
-        state = load_checkpoint(Path(config["resume_from"]), model=model, optimizer=optimizer, scheduler=scheduler)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = load_checkpoint(Path(directory), model=model, optimizer=optimizer, scheduler=scheduler)
         step = int(state["step"])
     ddp = ray.train.torch.prepare_model(model)
     autocast = _autocast_dtype(train.precision, device)
@@ -67,21 +71,18 @@ def train_loop_per_worker(config: dict) -> None:
     reported = -1
     while step < last:
         wait_start = time.perf_counter()
-        tables = ray.get(pending)
+        rows = ray.get(pending)
         wait = time.perf_counter() - wait_start
-        if tables is None:
+        if rows is None:
             # The stream ended: every rank sees it at the same step.
             if window.steps:
                 _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
                      device=device, flops_per_token=fpt, peak_total=peak_total)
+            if rank == 0:
+                logger.warning("stopped_early: data exhausted at step %d of %d", step, last)
             break
         if step + 1 < last:
             pending = feeder.get_step.remote(rank, step + 1)
-        rows = [
-            fill_micro_batch(rows_from_arrow(t) if t is not None else None, train.micro_batch_rows, seq_len,
-                             config["pad_id"])
-            for t in tables
-        ]
         micro = [to_model_inputs(r, device=device) for r in rows]
         lr = float(optimizer.param_groups[0]["lr"])
         result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast)
@@ -90,8 +91,9 @@ def train_loop_per_worker(config: dict) -> None:
                    slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait)
         if train.record_rows:
             append_jsonl(output / "rows" / f"rank{rank}.jsonl", {
-                "step": step, "rank": rank, "loss": result.loss,
-                "sample_ids": [int(s) for r in rows for s in r.sample_ids if s >= 0],
+                "step": step, "rank": rank, "loss": result.loss, "pid": os.getpid(),
+                "row_index": [int(i) for r in rows for i in r.row_index],
+                "sample_ids": [int(s) for r in rows for s in r.sample_ids if s != PAD_SAMPLE_ID],
             })
         final = step == last
         if step % train.log_every == 0 or final:
@@ -135,7 +137,7 @@ def _report(model: Any, optimizer: Any, scheduler: Any, feeder: Any, *, step: in
     if rank != 0:
         ray.train.report(metrics)
         return
-    state = {"step": step, "data_position": ray.get(feeder.position.remote(step - 1)), "config": run.to_dict()}
+    state = {"step": step, **ray.get(feeder.state.remote(step)), "config": run.to_dict()}
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(Path(tmp), model=model, optimizer=optimizer, scheduler=scheduler, state=state)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),

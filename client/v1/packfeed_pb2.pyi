@@ -1,6 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -9,24 +11,46 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("seq_len", "tokenizer_name", "vocab_size", "pad_id", "config_hash", "rows_per_epoch", "ignore_index", "wire_version")
+    __slots__ = ("seq_len", "tokenizer_name", "vocab_size", "pad_id", "config_hash", "total_rows", "ignore_index", "wire_version", "epochs", "epoch_rows", "sources", "samples_per_epoch", "max_batch_rows")
     SEQ_LEN_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAD_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
-    ROWS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROWS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_INDEX_FIELD_NUMBER: _ClassVar[int]
     WIRE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     seq_len: int
     tokenizer_name: str
     vocab_size: int
     pad_id: int
     config_hash: str
-    rows_per_epoch: int
+    total_rows: int
     ignore_index: int
     wire_version: int
-    def __init__(self, seq_len: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., config_hash: _Optional[str] = ..., rows_per_epoch: _Optional[int] = ..., ignore_index: _Optional[int] = ..., wire_version: _Optional[int] = ...) -> None: ...
+    epochs: int
+    epoch_rows: _containers.RepeatedScalarFieldContainer[int]
+    sources: _containers.RepeatedCompositeFieldContainer[SourceInfo]
+    samples_per_epoch: int
+    max_batch_rows: int
+    def __init__(self, seq_len: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., pad_id: _Optional[int] = ..., config_hash: _Optional[str] = ..., total_rows: _Optional[int] = ..., ignore_index: _Optional[int] = ..., wire_version: _Optional[int] = ..., epochs: _Optional[int] = ..., epoch_rows: _Optional[_Iterable[int]] = ..., sources: _Optional[_Iterable[_Union[SourceInfo, _Mapping]]] = ..., samples_per_epoch: _Optional[int] = ..., max_batch_rows: _Optional[int] = ...) -> None: ...
+
+class SourceInfo(_message.Message):
+    __slots__ = ("name", "rows", "samples_per_epoch", "planned_share")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    rows: int
+    samples_per_epoch: int
+    planned_share: float
+    def __init__(self, name: _Optional[str] = ..., rows: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., planned_share: _Optional[float] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
     __slots__ = ("rank", "world_size", "batch_rows", "cursor", "expected_config_hash", "expected_seq_len")

@@ -32,7 +32,8 @@ class PackFeedStub:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
-    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    RESOURCE_EXHAUSTED   too many concurrent streams (--max-consumers; Describe and health
+    are never refused for it), or a request above 64 KiB
     INTERNAL             the packing pipeline failed (the message says why; health turns
     NOT_SERVING): fix the data or the server and restart it
     """
@@ -62,7 +63,8 @@ class PackFeedServicer:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
-    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    RESOURCE_EXHAUSTED   too many concurrent streams (--max-consumers; Describe and health
+    are never refused for it), or a request above 64 KiB
     INTERNAL             the packing pipeline failed (the message says why; health turns
     NOT_SERVING): fix the data or the server and restart it
     """
@@ -111,7 +113,8 @@ class PackFeed:
     OUT_OF_RANGE         cursor past the end of the stream
     FAILED_PRECONDITION  expected_config_hash or expected_seq_len differ from the server's
     UNAVAILABLE          server shutting down or restarting: retry from your cursor
-    RESOURCE_EXHAUSTED   too many concurrent streams, or a request above 64 KiB
+    RESOURCE_EXHAUSTED   too many concurrent streams (--max-consumers; Describe and health
+    are never refused for it), or a request above 64 KiB
     INTERNAL             the packing pipeline failed (the message says why; health turns
     NOT_SERVING): fix the data or the server and restart it
     """

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
 from packfeed.service.packing import assemble_rows, pack  # noqa: E402
-from packfeed.trainer.batches import StepLayout, fill_micro_batch  # noqa: E402
+from packfeed.client.rows import select_rows  # noqa: E402
+from packfeed.service.assign import fill_batch, split_micro_batches, step_rows  # noqa: E402
 from packfeed.trainer.config import ModelConfig  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402
 from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
@@ -54,28 +55,17 @@ def packed_micro_batches() -> list[list]:
         packing, np.concatenate(tokens), np.concatenate(labels), offsets,
         np.arange(len(tokens)), seq_len=SEQ_LEN, pad_id=PAD_ID,
     )
-    layout = StepLayout(world_size=WORLD, grad_accum=ACCUM, micro_rows=MICRO_ROWS)
-    assert rows.num_rows <= layout.rows_per_step, "the samples must fit one step"
-    assert rows.num_rows > layout.rows_per_step - MICRO_ROWS, "every micro-batch should hold real rows"
-    from packfeed.client.rows import PackedRows
-
-    def take(sl: slice) -> PackedRows | None:
-        idx = np.arange(rows.num_rows)[sl]
-        if len(idx) == 0:
-            return None
-        seg = [np.arange(rows.segment_splits[r], rows.segment_splits[r + 1]) for r in idx]
-        splits = np.concatenate([[0], np.cumsum([len(s) for s in seg])])
-        seg = np.concatenate(seg)
-        return PackedRows(
-            input_ids=rows.input_ids[idx], labels=rows.labels[idx], position_ids=rows.position_ids[idx],
-            seq_lens=rows.seq_lens[seg], sample_ids=rows.sample_ids[seg], segment_splits=splits,
-            row_index=rows.row_index[idx],
-        )
-
-    return [
-        [fill_micro_batch(take(layout.micro_slice(rank, m)), MICRO_ROWS, SEQ_LEN, PAD_ID) for m in range(ACCUM)]
-        for rank in range(WORLD)
-    ]
+    # The feeder's contract (service/assign.py): rank k gets the rows whose index is k mod N,
+    # the last step filled with padding rows, split into ACCUM micro-batches.
+    batch_rows = ACCUM * MICRO_ROWS
+    assert rows.num_rows <= WORLD * batch_rows, "the samples must fit one step"
+    out = []
+    for rank in range(WORLD):
+        wanted = step_rows(rank, WORLD, batch_rows, 0, 0, rows.num_rows)
+        real = select_rows(rows, wanted.rows) if len(wanted.rows) else None
+        out.append(split_micro_batches(fill_batch(real, wanted, SEQ_LEN, PAD_ID)[0], ACCUM))
+    assert all(mb.num_real_tokens for per_rank in out for mb in per_rank), "every micro-batch should hold real rows"
+    return out
 
 
 def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:

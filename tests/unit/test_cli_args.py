@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from packfeed.service.cli import add_data_arguments, data_config_from_args
+from packfeed.service.commands.args import add_data_arguments, data_config_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:

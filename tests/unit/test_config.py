@@ -13,7 +13,7 @@ BASE = dict(inputs=("a.jsonl",), tokenizer="tok", seq_len=128)
         pytest.param({"tokenizer": ""}, "tokenizer", id="no-tokenizer"),
         pytest.param({"seq_len": 1}, "seq_len", id="seq-len-too-small"),
         pytest.param({"seq_len": 12.5}, "seq_len", id="seq-len-not-int"),
-        pytest.param({"strategy": "ffd"}, "strategy must be one of bfd, concat", id="unknown-strategy"),
+        pytest.param({"strategy": "ffd"}, "strategy must be one of", id="unknown-strategy"),
         pytest.param({"overlong": "wrap"}, "overlong", id="unknown-overlong"),
         pytest.param({"format": "sharegpt"}, "format", id="unknown-format"),
         pytest.param({"loss": "prompt"}, "loss", id="unknown-loss"),
@@ -43,3 +43,65 @@ def test_config_is_frozen_and_keyword_only():
         config.seq_len = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
         DataConfig(("a",), "tok", 128)  # type: ignore[misc]
+
+
+# ---- mixtures ------------------------------------------------------------------------------
+def from_data(**data):
+    return DataConfig.from_dict({"tokenizer": "tok", "seq_len": 128, **data})
+
+
+def test_a_mixture_from_a_config_table_round_trips_and_names_sources():
+    config = from_data(epochs=2, sources=[
+        {"paths": ["data/chat/"], "repeat": 2.0},
+        {"name": "web", "paths": "data/web.parquet", "repeat": 0.5, "format": "text", "loss": "all"},
+        {"paths": ["data/corpus/*.jsonl"]},
+    ])
+    assert [s.name for s in config.sources] == ["chat", "web", "corpus"]
+    assert config.inputs == ("data/chat/", "data/web.parquet", "data/corpus/*.jsonl")
+    assert config.source_format(config.sources[1]) == "text" and config.source_loss(config.sources[0]) == "auto"
+    assert DataConfig.from_dict(config.to_dict()) == config
+
+
+def test_the_hash_covers_sources_shares_and_epochs_but_not_run_policy():
+    base = dict(sources=[{"name": "a", "paths": ["a.jsonl"], "repeat": 1.0}])
+    h = from_data(**base).config_hash()
+    assert from_data(**base, epochs=2).config_hash() != h
+    assert from_data(sources=[{"name": "a", "paths": ["a.jsonl"], "repeat": 2.0}]).config_hash() != h
+    assert from_data(sources=[{"name": "b", "paths": ["a.jsonl"], "repeat": 1.0}]).config_hash() != h
+    assert from_data(**base, max_skip_fraction=0.1).config_hash() == h  # fails runs, never changes rows
+
+
+@pytest.mark.parametrize("sources, extra, message", [
+    pytest.param([{"name": "a", "paths": ["a"], "repeat": 1}, {"name": "b", "paths": ["b"], "weight": 1}], {},
+                 r"sources \['a'\] have no weight", id="mixing-repeat-and-weight"),
+    pytest.param([{"name": "a", "paths": ["a"], "weight": 1}], {}, "need \\[data\\] samples_per_epoch", id="weight-alone"),
+    pytest.param([{"name": "a", "paths": ["a"], "repeat": 1}], {"samples_per_epoch": 10},
+                 "samples_per_epoch applies to sources with weight", id="samples-without-weights"),
+    pytest.param([{"name": "a", "paths": ["a"], "repeat": 0}], {}, "source 'a': repeat must be a finite number > 0",
+                 id="zero-repeat"),
+    pytest.param([{"name": "a", "paths": ["a"], "weight": float("nan")}], {"samples_per_epoch": 5},
+                 "source 'a': weight must be a finite number > 0", id="nan-weight"),
+    pytest.param([{"name": "a", "paths": ["a"], "repeat": float("inf")}], {}, "source 'a': repeat", id="inf-repeat"),
+    pytest.param([{"name": "a", "paths": ["a"], "repeat": 1, "weight": 1}], {}, "source 'a': give repeat or weight",
+                 id="both-on-one"),
+    pytest.param([{"name": "a", "paths": ["a"], "reapeat": 2}], {}, r"source 'a': unknown keys \['reapeat'\]",
+                 id="unknown-key"),
+    pytest.param([{"paths": ["x/a.jsonl"], "reapeat": 2}], {}, r"source #1: unknown keys", id="unnamed-unknown-key"),
+    pytest.param([{"name": "a", "repeat": 2}], {}, "source 'a': missing `paths`", id="no-paths"),
+    pytest.param([{"name": "a", "paths": []}], {}, "source 'a': paths must be a non-empty list", id="empty-paths"),
+    pytest.param([{"name": "a", "paths": ["a"]}, {"name": "a", "paths": ["b"]}], {}, "names must be unique",
+                 id="duplicate-names"),
+    pytest.param([{"name": "a", "paths": ["a"], "format": "chat"}], {}, "source 'a': format must be one of",
+                 id="bad-format"),
+    pytest.param([{"name": "a", "paths": ["a"]}], {"epochs": 0}, "epochs must be an integer >= 1", id="no-epochs"),
+    pytest.param([{"name": "a", "paths": ["a"]}], {"inputs": ["b"]}, "give inputs or sources, not both",
+                 id="inputs-and-sources"),
+])
+def test_bad_mixtures_are_value_errors_naming_the_source_and_the_fix(sources, extra, message):
+    with pytest.raises(ValueError, match=message):
+        from_data(sources=sources, **extra)
+
+
+def test_seq_len_is_bounded_and_says_so():
+    with pytest.raises(ValueError, match="seq_len must be at most 1,048,576"):
+        DataConfig(**{**BASE, "seq_len": 1_000_000_000_000})

@@ -12,6 +12,7 @@ progress fails the test with ConsumerGone instead of hanging it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -60,6 +61,7 @@ class SyntheticStream:
         self.block_rows = block_rows
         self.fail_at, self.error, self.gate = fail_at, error, gate
         self.opened: list[tuple[int, int]] = []
+        self.packed: list[int] = []  # windows packed by the catch-up path
         self.max_row_yielded = -1
         self.closed = 0
         self._lock = threading.Lock()
@@ -102,6 +104,18 @@ class SyntheticStream:
         with self._lock:
             self.opened.append((window, first_row))
         return self._read(window)
+
+    def pack_window(self, window: int) -> PackedRows | None:
+        """The catch-up path: one window's rows (row_index local), None past the last."""
+        if window >= len(self.window_rows):
+            return None
+        with self._lock:
+            self.packed.append(window)
+        start, n = self.starts[window], self.window_rows[window]
+        if n == 0:
+            return PackedRows.from_columns(_EMPTY)
+        rows = self.reference(range(start, start + n))
+        return dataclasses.replace(rows, row_index=np.arange(n, dtype=np.int64))
 
     def _read(self, window: int):
         try:
@@ -154,8 +168,8 @@ def wait_for(predicate, seconds: float = DEADLINE_S, what: str = "condition") ->
         time.sleep(0.01)
 
 
-def make_hub(stream: SyntheticStream, capacity: int, manifest: Manifest | None = None) -> RowHub:
-    return RowHub(stream.open_reader, manifest or Manifest("synthetic"), capacity=capacity, poll_s=0.02)
+def make_hub(stream: SyntheticStream, capacity: int, manifest: Manifest | None = None, **kwargs) -> RowHub:
+    return RowHub(stream.open_reader, manifest or Manifest("synthetic"), capacity=capacity, poll_s=0.02, **kwargs)
 
 
 def read_ranks(hub: RowHub, world_size: int, batch_rows: int, cursor: int) -> dict[int, list[int]]:
@@ -598,6 +612,107 @@ def test_hub_records_window_starts_in_the_manifest(tmp_path):
     read_ranks(hub, 2, 32, 0)
     hub.close()
     saved = Manifest("synthetic", path)
-    expected = {w: s for w, (s, n) in enumerate(zip(stream.starts, stream.window_rows)) if n}
-    assert saved.first_row == expected
+    # every window, the empty one too (it starts where the next one does)
+    assert saved.first_row == dict(enumerate(stream.starts))
     assert saved.total_rows == stream.total
+
+
+# -- far and idle consumers -----------------------------------------------------------------
+
+
+def test_a_far_consumer_is_served_apart_and_never_moves_the_main_reader():
+    """A peek at row 0 while another consumer reads far ahead: exact rows from the catch-up
+    path, packed once and then cached; the main reader is never restarted."""
+    stream = SyntheticStream()
+    hub = make_hub(stream, capacity=128, pack_window=stream.pack_window)
+    with hub.consumer(alive=alive_until()) as near:
+        for start in range(0, 400, 16):
+            rows, _ = near.rows(range(start, start + 16))
+            assert_rows(rows, range(start, start + 16))
+        assert hub.snapshot()["floor"] > 0, "the buffer has moved past row 0"
+        for _ in range(3):  # three peeks at cursor 0, two ranks each
+            for rank in range(2):
+                with hub.consumer(alive=alive_until()) as peek:
+                    rows, _ = peek.rows(range(rank, rank + 8, 2))
+                    assert_rows(rows, range(rank, rank + 8, 2))
+            rows, _ = near.rows(range(400, 416))  # the near consumer goes on undisturbed
+            assert_rows(rows, range(400, 416))
+        for start in range(416, stream.total, 16):
+            rows, total = near.rows(range(start, min(start + 16, stream.total)))
+            assert_rows(rows, range(start, min(start + 16, stream.total)))
+    hub.close()
+    assert hub.restarts == 1, "the far consumer moved the main reader"
+    assert stream.opened == [(0, 0)]
+    assert stream.packed == [0], "row 0's window is packed once, then served from the cache"
+    assert hub.catchup_windows == 1
+
+
+def test_catch_up_crosses_windows_and_learns_the_end():
+    stream = SyntheticStream()
+    hub = make_hub(stream, capacity=128, pack_window=stream.pack_window)
+    with hub.consumer(alive=alive_until()) as near:
+        rows, _ = near.rows(range(600, 608))  # the main reader runs past the start
+        assert_rows(rows, range(600, 608))
+        with hub.consumer(alive=alive_until()) as far:
+            rows, _ = far.rows(range(30, 200, 5))  # windows 0 .. 3 (window 1 is empty)
+            assert_rows(rows, range(30, 200, 5))
+            rows, total = far.rows(range(stream.total - 3, stream.total + 5))
+            assert_rows(rows, range(stream.total - 3, stream.total))
+            assert total == stream.total
+    hub.close()
+    assert hub.restarts == 1
+
+
+def test_an_idle_consumer_stops_holding_the_reader_back():
+    clock = [0.0]
+    stream = SyntheticStream()
+    hub = make_hub(stream, capacity=128, pack_window=stream.pack_window, idle_timeout_s=60, clock=lambda: clock[0])
+    idle = hub.consumer(alive=alive_until())
+    rows, _ = idle.rows(range(0, 4))  # then it stops asking
+    assert_rows(rows, range(0, 4))
+    with hub.consumer(alive=alive_until(3.0)) as busy:
+        with pytest.raises(ConsumerGone):  # held back by the idle one: it cannot get past the buffer
+            busy.rows(range(300, 304))
+    clock[0] = 61.0  # the idle consumer has asked for nothing for longer than the timeout
+    with hub.consumer(alive=alive_until()) as busy:
+        rows, _ = busy.rows(range(300, 304))
+        assert_rows(rows, range(300, 304))
+    rows, _ = idle.rows(range(4, 8))  # it comes back: served, from the catch-up path
+    assert_rows(rows, range(4, 8))
+    idle.__exit__(None, None, None)
+    hub.close()
+
+
+def test_one_consumer_may_wait_in_two_calls_at_once():
+    """A restarted trainer rank asks again while its old request still waits."""
+    stream = SyntheticStream()
+    hub = make_hub(stream, capacity=256)
+    consumer = hub.consumer(alive=alive_until())
+    results: dict[int, PackedRows] = {}
+
+    def ask(start: int) -> None:
+        results[start], _ = consumer.rows(range(start, start + 8))
+
+    threads = [threading.Thread(target=ask, args=(s,)) for s in (100, 40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    consumer.__exit__(None, None, None)
+    hub.close()
+    for start in (100, 40):
+        assert_rows(results[start], range(start, start + 8))
+
+
+def test_manifest_write_failure_is_logged_and_the_stream_goes_on(tmp_path, caplog):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the manifest's directory should be
+    stream = SyntheticStream()
+    hub = make_hub(stream, capacity=256, manifest=Manifest("synthetic", blocked / "m.json"))
+    with pytest.raises(OSError):
+        hub.manifest.check_writable()
+    with caplog.at_level("WARNING", logger="packfeed"):
+        got = read_ranks(hub, 1, 32, 0)
+    hub.close()
+    assert got[0] == list(range(stream.total))
+    assert sum("cannot write the stream manifest" in r.message for r in caplog.records) == 1

@@ -1,4 +1,5 @@
-"""``packfeed serve``'s security gate: who may listen where, and where the token comes from.
+"""``packfeed serve``'s start-up gate: who may listen where, where the token comes from, and
+every flag a user can get wrong, refused before anything starts.
 
 The refusal itself (exit status 2 before Ray starts) is tested end to end in
 tests/integration/test_serve_security.py; here the accepted cases and the token sources.
@@ -6,11 +7,27 @@ tests/integration/test_serve_security.py; here the accepted cases and the token 
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 from packfeed.client.transport import TOKEN_ENV
-from packfeed.service.serve import check_security, is_loopback, read_token
+from packfeed.service.commands import serve
+from packfeed.service.commands.serve import check_args, is_loopback, read_token
+from packfeed.service.server import check_tls_files
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    return parser.parse_args(["data.jsonl", *argv])
+
+
+def check_security(host, token, insecure, cert, key):
+    argv = ["--host", host] + (["--insecure"] if insecure else [])
+    argv += ["--tls-cert", str(cert)] if cert else []
+    argv += ["--tls-key", str(key)] if key else []
+    check_args(serve_args(*argv), token)
 
 NON_LOOPBACK = ["0.0.0.0", "::", "[::]", "10.1.2.3", "192.168.0.7", "example.org"]
 LOOPBACK = ["127.0.0.1", "127.0.0.53", "::1", "[::1]", "localhost"]
@@ -65,3 +82,44 @@ def test_empty_token_file_is_an_error(tmp_path):
     path.write_text("\n")
     with pytest.raises(ValueError, match="empty"):
         read_token(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(("--port", "70000"), "--port must be in 0..65535", id="port-too-large"),
+    pytest.param(("--port", "-1"), "--port must be in 0..65535", id="port-negative"),
+    pytest.param(("--metrics-port", "65536"), "--metrics-port", id="metrics-port"),
+    pytest.param(("--max-consumers", "0"), "--max-consumers must be >= 1", id="no-consumers"),
+    pytest.param(("--max-batch-rows", "0"), "--max-batch-rows must be >= 1", id="no-batch-rows"),
+    pytest.param(("--buffer-rows", "64"), "--buffer-rows must be >= 128", id="tiny-buffer"),
+    pytest.param(("--grace-seconds", "0"), "--grace-seconds must be > 0", id="no-grace"),
+    pytest.param(("--idle-timeout-seconds", "-5"), "--idle-timeout-seconds must be > 0", id="idle-timeout"),
+])
+def test_bad_flags_are_refused_with_the_flag_named(argv, message):
+    with pytest.raises(ValueError, match=message):
+        check_args(serve_args(*argv), None)
+
+
+def test_defaults_pass_and_show_in_help(capsys):
+    check_args(serve_args(), None)
+    from packfeed.service.commands.args import HelpFormatter
+
+    parser = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    serve.add_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for flag, default in (("--buffer-rows", 2048), ("--max-batch-rows", 256), ("--max-consumers", 64),
+                          ("--grace-seconds", 10.0), ("--idle-timeout-seconds", 120.0)):
+        assert f"(default: {default})" in text.split(flag, 2)[-1].split("--", 1)[0], flag
+
+
+def test_tls_files_are_checked_and_the_bad_one_named(tmp_path):
+    from tls_fixtures import self_signed_cert
+
+    cert, key = (p.read_bytes() for p in self_signed_cert(tmp_path, "server"))
+    other_key = self_signed_cert(tmp_path, "other")[1].read_bytes()
+    check_tls_files(cert, key, "c.pem", "k.pem")
+    with pytest.raises(ValueError, match="--tls-key k.pem is not the private key of --tls-cert c.pem"):
+        check_tls_files(cert, other_key, "c.pem", "k.pem")
+    with pytest.raises(ValueError, match="--tls-cert c.pem is not a PEM certificate"):
+        check_tls_files(b"garbage", key, "c.pem", "k.pem")
+    with pytest.raises(ValueError, match="--tls-key k.pem is not a PEM private key"):
+        check_tls_files(cert, cert, "c.pem", "k.pem")

@@ -66,7 +66,7 @@ def read_all(inputs, window_samples=1000, format="auto", strict=False):
     for spec in plan_windows(inputs, window_samples=window_samples, format=format):
         raw = read_window(spec, strict=strict)
         got = sorted([int(i) for i in raw.sample_ids] + [s.sample_id for s in raw.skips])
-        assert got == list(range(spec.first_sample_id, spec.first_sample_id + spec.num_samples))
+        assert got == sorted(spec.sample_ids().tolist())
         assert list(raw.sample_ids) == sorted(raw.sample_ids)
         ids += [int(i) for i in raw.sample_ids]
         records += raw.records
@@ -179,13 +179,13 @@ def test_windows_span_files_golden(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": "a0"}, {"text": "a1"}, {"text": "a2"}])  # 3 rows
     b = write_columnar(tmp_path / "b.parquet", [{"text": "b0"}, {"text": "b1"}], "parquet")  # 2 rows
     windows = plan_windows([a, b], window_samples=2)
-    line = len(json.dumps({"text": "a0"})) + 1  # bytes per line
-    assert [(w.index, w.first_sample_id, w.num_samples) for w in windows] == [(0, 0, 2), (1, 2, 2), (2, 4, 1)]
+    assert [(w.index, w.epoch, w.sample_ids().tolist()) for w in windows] == [(0, 0, [0, 1]), (1, 0, [2, 3]), (2, 0, [4])]
+    # row 2 of a.jsonl: the reader seeks to the nearest known offset (row 0) and skips 2 lines
     assert windows[1].pieces == (
-        Piece(a, "jsonl", "text", start_row=2, num_rows=1, first_sample_id=2, byte_offset=2 * line),
-        Piece(b, "parquet", "text", start_row=0, num_rows=1, first_sample_id=3),
+        Piece(a, "jsonl", "auto", source=0, start_row=2, num_rows=1, first_sample_id=2, byte_offset=0, seek_row=0),
+        Piece(b, "parquet", "auto", source=0, start_row=0, num_rows=1, first_sample_id=3),
     )
-    assert windows[2].pieces == (Piece(b, "parquet", "text", 1, 1, 4),)
+    assert windows[2].pieces == (Piece(b, "parquet", "auto", 0, 1, 1, 4),)
     assert [read_window(w).records for w in windows] == [["a0", "a1"], ["a2", "b0"], ["b1"]]
 
 
@@ -214,6 +214,10 @@ def test_jsonl_row_counting(tmp_path, content, expected_rows):
     path = tmp_path / "x.jsonl"
     path.write_bytes(content)
     assert sources._scan_jsonl(str(path), 0, 1)[0] == expected_rows
+    if expected_rows == 0:  # an input with no rows makes a source with no rows: an error naming it
+        with pytest.raises(ValueError, match="has no rows"):
+            read_all([str(path)], window_samples=1, format="text")
+        return
     ids, _, skips = read_all([str(path)], window_samples=1, format="text")
     assert len(ids) + len(skips) == expected_rows
 
@@ -241,9 +245,14 @@ def test_windows_cover_every_id_exactly_once(tmp_path_factory, sizes, window):
         inputs.append(path)
         expected += [r["text"] for r in rows]
         next_id += n
+    if next_id == 0:
+        with pytest.raises(ValueError, match="has no rows"):
+            plan_windows(inputs, window_samples=window)
+        return
     windows = plan_windows(inputs, window_samples=window)
-    assert [w.first_sample_id for w in windows] == list(range(0, next_id, window))
-    assert all(w.num_samples == min(window, next_id - w.first_sample_id) for w in windows)
+    assert [w.sample_ids().tolist() for w in windows] == [
+        list(range(start, min(start + window, next_id))) for start in range(0, next_id, window)
+    ]
     ids, records, skips = read_all(inputs, window_samples=window, format="text")
     assert ids == list(range(next_id)) and records == expected and not skips
 
@@ -287,7 +296,7 @@ BAD_ROWS = [
 @pytest.mark.parametrize("fmt, bad, reason", BAD_ROWS)
 def test_each_skip_reason_is_reported_once(tmp_path, fmt, bad, reason):
     path = write_jsonl(tmp_path / "x.jsonl", [GOOD[fmt], bad, GOOD[fmt]])
-    ids, records, skips = read_all([path], window_samples=2)  # format auto-detected from row 0
+    ids, records, skips = read_all([path], window_samples=2, format=fmt)
     assert ids == [0, 2] and len(records) == 2
     assert [(s.sample_id, s.source, s.row, s.reason) for s in skips] == [(1, path, 1, reason)]
     assert reason in SKIP_REASONS and skips[0].detail
@@ -325,7 +334,7 @@ def test_message_normalisation(tmp_path):
         "tools": json.dumps([{"type": "function", "function": {"name": "f"}}]),
     }
     path = write_jsonl(tmp_path / "x.jsonl", [row, {"prompt": [CHAT[0]], "completion": [CHAT[1]]}])
-    _, records, skips = read_all([path])  # format detected from row 0: messages
+    _, records, skips = read_all([path], format="messages")
     conv = records[0]
     assert conv.messages[0] == {"role": "user", "content": "what color"}  # parts joined, null keys dropped
     assert conv.messages[1] == {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}
@@ -333,6 +342,8 @@ def test_message_normalisation(tmp_path):
     assert [(s.sample_id, s.reason) for s in skips] == [(1, "missing_field")]  # row 1 is not a messages row
     _, records, skips = read_all([path], format="prompt_completion")
     assert records == [PromptCompletion([CHAT[0]], [CHAT[1]], None)] and skips[0].reason == "missing_field"
+    _, records, skips = read_all([path])  # auto: each row in its own format, nothing skipped
+    assert [type(r) for r in records] == [Conversation, PromptCompletion] and not skips
 
 
 # ---- strict mode -----------------------------------------------------------------------------
@@ -352,30 +363,43 @@ def test_strict_names_file_row_and_line(tmp_path):
 
 # ---- formats ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "first_rows, expected",
+    "row, expected",
     [
-        pytest.param([{"messages": CHAT, "text": "x"}], "messages", id="messages-wins"),
-        pytest.param([{"prompt": "p", "completion": "c", "text": "t"}], "prompt_completion", id="prompt-completion"),
-        pytest.param([{"text": "t", "meta": 1}], "text", id="text"),
-        pytest.param([b"", b"{oops", b"[1]", {"text": "t"}], "text", id="first-parseable-object"),
+        pytest.param({"messages": CHAT, "text": "x"}, Conversation, id="messages-wins"),
+        pytest.param({"prompt": "p", "completion": "c", "text": "t"}, PromptCompletion, id="prompt-completion-over-text"),
+        pytest.param({"text": "t", "meta": 1}, str, id="text"),
+        pytest.param({"messages": None, "text": "t"}, str, id="null-messages-is-absent"),
+        pytest.param({"prompt": "p", "text": "t"}, str, id="half-a-pair-falls-to-text"),
     ],
 )
-def test_format_auto_detection(tmp_path, first_rows, expected):
-    path = write_jsonl(tmp_path / "x.jsonl", first_rows)
-    assert {p.format for w in plan_windows([path], window_samples=2) for p in w.pieces} == {expected}
+def test_format_auto_detection_per_row(tmp_path, row, expected):
+    _, records, skips = read_all([write_jsonl(tmp_path / "x.jsonl", [row])])
+    assert [type(r) for r in records] == [expected] and not skips
 
 
-def test_undetectable_format_names_file_and_keys(tmp_path):
-    path = write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}])
-    with pytest.raises(ValueError, match=r"odd\.jsonl.*\['answer', 'question'\]"):
-        plan_windows([path], window_samples=2)
-    pq_path = write_columnar(tmp_path / "odd.parquet", [{"prompt": "q"}], "parquet")
-    with pytest.raises(ValueError, match=r"odd\.parquet.*\['prompt'\]"):
-        plan_windows([pq_path], window_samples=2)
-    garbage = write_jsonl(tmp_path / "garbage.jsonl", [b"{", b"nope"])
-    with pytest.raises(ValueError, match=r"garbage\.jsonl.*no JSON object"):
-        plan_windows([garbage], window_samples=2)
-    assert plan_windows([path], window_samples=2, format="text")  # an explicit format needs no detection
+def test_a_mixed_format_file_keeps_every_well_formed_sample(tmp_path):
+    """Issue: one messages row then prompt/completion and text rows packed 1 of 6."""
+    rows = [{"messages": CHAT}, {"prompt": "p1", "completion": "c1"}, {"text": "t1"},
+            {"prompt": "p2", "completion": "c2"}, {"text": "t2"}, {"prompt": [CHAT[0]], "completion": [CHAT[1]]}]
+    for path in (write_jsonl(tmp_path / "mixed.jsonl", rows),
+                 write_columnar(tmp_path / "mixed.parquet", [{"messages": None, "prompt": None, "completion": None,
+                                                               "text": None, **r} for r in rows[:5]], "parquet")):
+        ids, records, skips = read_all([path])
+        assert not skips and ids == list(range(len(ids)))
+        assert [type(r).__name__ for r in records][:5] == ["Conversation", "PromptCompletion", "str",
+                                                           "PromptCompletion", "str"]
+
+
+def test_rows_of_no_known_format_name_their_fields(tmp_path):
+    path = write_jsonl(tmp_path / "odd.jsonl", [{"question": "q", "answer": "a"}, {"text": None}, {"prompt": "p"}])
+    _, records, skips = read_all([path])
+    assert not records
+    assert [s.reason for s in skips] == ["missing_field", "empty_field", "missing_field"]
+    assert "'answer', 'question'" in skips[0].detail and "'text' is null" in skips[1].detail
+    assert "'completion'" in skips[2].detail  # half a prompt/completion pair: the missing half is named
+    garbage = write_jsonl(tmp_path / "garbage.jsonl", [b"{", b"nope", b"\x00\xff"])
+    _, records, skips = read_all([garbage])  # garbage lines are counted skips, not a crash
+    assert not records and [s.reason for s in skips] == ["malformed_json", "malformed_json", "invalid_utf8"]
 
 
 def test_explicit_format_and_per_input_detection(tmp_path):
@@ -409,7 +433,7 @@ ROW_KINDS = {
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    files=st.lists(st.lists(st.sampled_from(sorted(ROW_KINDS)), max_size=12), min_size=1, max_size=3),
+    files=st.lists(st.lists(st.sampled_from(sorted(ROW_KINDS)), min_size=1, max_size=12), min_size=1, max_size=3),
     window=st.integers(1, 10),
     final_newline=st.booleans(),
 )
@@ -439,6 +463,7 @@ def test_bad_sample_error_survives_pickling_across_processes():
 
     from packfeed.service.records import BadSampleError, Skip
 
-    error = BadSampleError(Skip(7, "a.jsonl", 7, "malformed_json", "bad"), line_numbers=True)
+    error = BadSampleError(Skip(7, "a.jsonl", 7, "malformed_json", "bad", line=8))
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, BadSampleError) and str(again) == str(error) and again.skip == error.skip
+    assert "a.jsonl: row 7 (line 8), sample 7: malformed_json: bad" in str(again)

@@ -27,8 +27,8 @@ HELLO = {"role": "assistant", "content": "hello world"}
 def window(records, first_id=0):
     """An in-memory RawWindow holding ``records`` as samples first_id, first_id + 1, ..."""
     n = len(records)
-    spec = WindowSpec(0, first_id, n, (Piece("mem.jsonl", "jsonl", "messages", 0, n, first_id, 0),))
-    return RawWindow(spec, np.arange(first_id, first_id + n, dtype=np.int64), list(records))
+    spec = WindowSpec(0, 0, (Piece("mem.jsonl", "jsonl", "messages", 0, 0, n, first_id),))
+    return RawWindow(spec, np.arange(first_id, first_id + n, dtype=np.int64), list(records), [], np.zeros(n, np.int64))
 
 
 def shown(tok, out: TokenizedSamples):
@@ -247,7 +247,7 @@ CHAT_ROWS = {
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(files=st.lists(st.lists(st.sampled_from(sorted(CHAT_ROWS)), max_size=8), min_size=1, max_size=3),
+@given(files=st.lists(st.lists(st.sampled_from(sorted(CHAT_ROWS)), min_size=1, max_size=8), min_size=1, max_size=3),
        window_samples=st.integers(1, 9))  # fmt: skip
 def test_read_and_tokenize_account_for_every_row(toks, tmp_path_factory, files, window_samples):
     d = tmp_path_factory.mktemp("rows")

@@ -1,94 +1,123 @@
-"""RowFeeder's step plan: deterministic, complete, and resumable from a saved data position.
+"""RowFeeder: the serve contract for Ray Train ranks, deterministic and resumable.
 
-The feeder reads synthetic Arrow tables (windows of known rows) instead of a Ray dataset; a
-resumed feeder is given the stream as PackedStream(start_window=K) would give it: windows
-before K left out. For every interruption step, the resumed feeder must hand every rank the
-same rows at every later step as the uninterrupted one (STYLE.md 8).
+The feeder reads a synthetic stream (windows of known rows; every row's tokens encode its
+global index) through the same RowHub as the server. Checked: every row exactly once per
+world size with the k mod N rule and the tail padded; a resume from ``state(step)`` serves
+exactly the rows an uninterrupted run serves, also with another world size or batch size; a
+restarted rank that asks an earlier step again gets the same rows (Ray Train's restart after a
+worker died); the state record is the client's ``state_dict()`` format.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, padding_rows
-from packfeed.service.config import DataConfig
-from packfeed.trainer.batches import StepLayout, fill_micro_batch
+from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
+from packfeed.client.stream import STATE_VERSION
+from packfeed.service.assign import num_steps
+from packfeed.service.hub import Manifest
 from packfeed.trainer.feeder import RowFeeder
 
-DATA = DataConfig(inputs=("unused.jsonl",), tokenizer="unused", seq_len=4)
+SEQ_LEN, PAD_ID, HASH = 4, 0, "cafe"
 # Rows per window, in stream order; window 2 is empty (every sample dropped).
 WINDOW_ROWS = [5, 3, 0, 7, 1, 6]
+TOTAL = sum(WINDOW_ROWS)
 
 
-def window_tables(start_window: int = 0) -> list[pa.Table]:
-    """One table per window; each row's row_index is a global id, so rows can be compared."""
-    tables, first = [], sum(WINDOW_ROWS[:start_window])
-    for window, n in enumerate(WINDOW_ROWS[start_window:], start=start_window):
-        ids = np.arange(first, first + n)
-        first += n
-        tables.append(pa.table({"row_index": pa.array(ids, pa.int64()), "window": pa.array([window] * n, pa.int64())}))
-    return tables
+def rows_of(first: int, n: int) -> PackedRows:
+    """n one-segment rows whose tokens are their global index + 1."""
+    ids = np.repeat(np.arange(first + 1, first + n + 1, dtype=np.int32)[:, None], SEQ_LEN, axis=1)
+    return PackedRows(
+        input_ids=ids, labels=ids.copy(), position_ids=np.tile(np.arange(SEQ_LEN, dtype=np.int32), (n, 1)),
+        seq_lens=np.full(n, SEQ_LEN, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
+        segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n, dtype=np.int64),
+    )
 
 
-def served(feeder: RowFeeder, layout: StepLayout, first: int, last: int) -> dict:
+def open_reader(window: int, first_row: int):
+    starts = np.concatenate(([0], np.cumsum(WINDOW_ROWS)))
+    assert first_row == starts[window], "the hub opens windows at their first row"
+    for w in range(window, len(WINDOW_ROWS)):
+        yield w, rows_of(int(starts[w]), WINDOW_ROWS[w])
+
+
+def feeder(world: int, accum: int, micro: int, state: dict | None = None, manifest: Manifest | None = None) -> RowFeeder:
+    return RowFeeder(open_reader, manifest or Manifest("synthetic"), world_size=world, grad_accum=accum,
+                     micro_rows=micro, seq_len=SEQ_LEN, pad_id=PAD_ID, config_hash=HASH, state=state, capacity=128)
+
+
+def served(f: RowFeeder, first: int, last: int) -> dict:
+    """(step, rank) -> the global rows it got, -1 for padding rows; None after the end."""
     out = {}
     for step in range(first, last):
-        for rank in range(layout.world_size):
-            tables = feeder.get_step(rank, step)
-            out[(step, rank)] = None if tables is None else [
-                [] if t is None else t.column("row_index").to_pylist() for t in tables
-            ]
+        for rank in range(f.world_size):
+            micro = f.get_step(rank, step)
+            if micro is None:
+                out[(step, rank)] = None
+                continue
+            assert len(micro) == f.grad_accum and all(m.num_rows == f.micro_rows for m in micro)
+            rows = []
+            for m in micro:
+                for r in range(m.num_rows):
+                    real = m.row_sample_ids(r)[0] != PAD_SAMPLE_ID
+                    rows.append(int(m.input_ids[r, 0]) - 1 if real else -1)
+                    if not real:
+                        assert m.row_index[r] >= TOTAL, "a padding row carries an index past the end"
+            out[(step, rank)] = rows
     return out
 
 
-@pytest.mark.parametrize("world,accum,micro", [(2, 2, 1), (1, 1, 3), (3, 1, 2)])
-def test_every_row_once_in_stream_order_then_none(world, accum, micro):
-    layout = StepLayout(world_size=world, grad_accum=accum, micro_rows=micro)
-    total = sum(WINDOW_ROWS)
-    steps = -(-total // layout.rows_per_step)
-    out = served(RowFeeder(DATA, layout, tables=window_tables()), layout, 0, steps + 1)
-    flat = [i for step in range(steps) for rank in range(world) for mb in out[(step, rank)] for i in mb]
-    assert flat == list(range(total)), "rows must come once each, in stream order, rank-major"
+@pytest.mark.parametrize("world,accum,micro", [(2, 2, 1), (1, 1, 3), (3, 1, 2), (2, 3, 2)])
+def test_every_row_once_by_index_mod_world_then_none(world, accum, micro):
+    f = feeder(world, accum, micro)
+    steps = num_steps(world, accum * micro, 0, TOTAL)
+    out = served(f, 0, steps + 1)
+    real = [g for step in range(steps) for rank in range(world) for g in out[(step, rank)] if g >= 0]
+    assert sorted(real) == list(range(TOTAL)), "every row exactly once"
+    for (step, rank), got in out.items():
+        if got is not None:
+            assert all(g % world == rank for g in got if g >= 0), "rank k gets the rows k mod N"
+            assert got == sorted(got, key=lambda g: (g < 0, g)), "real rows first, in order, then padding"
     assert all(out[(steps, rank)] is None for rank in range(world)), "after the end every rank gets None"
 
 
-@pytest.mark.parametrize("interrupt", range(0, 8))
-def test_resume_from_position_serves_the_same_rows(interrupt):
-    layout = StepLayout(world_size=2, grad_accum=1, micro_rows=2)
-    steps = 8
-    straight = served(RowFeeder(DATA, layout, tables=window_tables()), layout, 0, steps)
-
-    first_run = RowFeeder(DATA, layout, tables=window_tables())
-    served(first_run, layout, 0, interrupt + 1)
-    position = first_run.position(interrupt)
-    resumed = RowFeeder(
-        DATA, layout, tables=window_tables(position["start_window"]), first_step=interrupt + 1, position=position
-    )
-    assert served(resumed, layout, interrupt + 1, steps) == {
-        k: v for k, v in straight.items() if k[0] > interrupt
-    }
+@pytest.mark.parametrize("interrupt", range(1, 6))
+def test_resume_from_state_serves_the_same_rows(interrupt):
+    full = served(feeder(2, 1, 2), 0, 8)
+    first = feeder(2, 1, 2)
+    served(first, 0, interrupt)
+    state = first.state(interrupt)
+    assert set(state["stream"]) == {"version", "cursor", "step", "config_hash", "seq_len"}
+    assert state["stream"]["version"] == STATE_VERSION and state["stream"]["step"] == interrupt
+    manifest = Manifest("synthetic")
+    for w, r in state["manifest"]["first_row"].items():
+        manifest.record(int(w), r)
+    resumed = feeder(2, 1, 2, state=state["stream"], manifest=manifest)
+    assert served(resumed, interrupt, 8) == {k: v for k, v in full.items() if k[0] >= interrupt}
 
 
-def test_position_folds_whole_windows():
-    layout = StepLayout(world_size=1, grad_accum=1, micro_rows=4)
-    feeder = RowFeeder(DATA, layout, tables=window_tables())
-    served(feeder, layout, 0, 3)
-    assert feeder.position(0) == {"start_window": 0, "rows": 4}
-    assert feeder.position(1) == {"start_window": 2, "rows": 0}  # windows 0 and 1 hold 8 rows
-    # Window 2 is empty and never seen: restarting at it or at window 3 is the same stream.
-    assert feeder.position(2) == {"start_window": 2, "rows": 4}
+@pytest.mark.parametrize("world2,accum2,micro2", [(3, 1, 1), (1, 2, 2), (4, 1, 3)])
+def test_resume_with_another_world_and_batch_size_is_exact(world2, accum2, micro2):
+    first = feeder(2, 1, 2)
+    before = served(first, 0, 2)
+    got = [g for v in before.values() for g in v if g >= 0]
+    resumed = feeder(world2, accum2, micro2, state=first.state(2)["stream"])
+    after = served(resumed, 2, 2 + num_steps(world2, accum2 * micro2, first.state(2)["stream"]["cursor"], TOTAL) + 1)
+    got += [g for v in after.values() if v is not None for g in v if g >= 0]
+    assert sorted(got) == list(range(TOTAL)), "no row lost or repeated across the resume"
 
 
-def test_short_micro_batches_are_completed_with_padding():
-    pad = padding_rows(2, 6, pad_id=0)
-    assert pad.input_ids.tolist() == [[0] * 6, [0] * 6]
-    assert (pad.labels == IGNORE_INDEX).all()
-    assert pad.position_ids.tolist() == [list(range(6))] * 2
-    assert pad.seq_lens.tolist() == [6, 6] and pad.sample_ids.tolist() == [PAD_SAMPLE_ID] * 2
-    filled = fill_micro_batch(padding_rows(1, 6, 0), 3, 6, 0)
-    assert filled.num_rows == 3 and filled.segment_splits.tolist() == [0, 1, 2, 3]
-    assert filled.num_real_tokens == 0
-    with pytest.raises(ValueError, match="micro-batch holds 1 rows"):
-        fill_micro_batch(pad, 1, 6, 0)
+def test_a_restarted_rank_gets_the_same_rows_again():
+    f = feeder(2, 1, 2)
+    first = served(f, 0, 6)
+    again = served(f, 2, 6)  # the worker group restarted from the checkpoint of step 2
+    assert again == {k: v for k, v in first.items() if k[0] >= 2}
+
+
+def test_state_caps_the_cursor_at_the_end_and_refuses_another_stream():
+    f = feeder(2, 2, 2)
+    served(f, 0, 3)
+    assert f.state(3)["stream"]["cursor"] == TOTAL
+    with pytest.raises(ValueError, match="data config"):
+        feeder(2, 1, 1, state={"version": STATE_VERSION, "cursor": 4, "step": 1, "config_hash": "other", "seq_len": 4})

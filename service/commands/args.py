@@ -1,0 +1,240 @@
+"""What the subcommands that read data share: data flags, the config file, packing placement,
+output paths, logging.
+
+A config file (``--config``, TOML or JSON) gives the base; flags override it. Its tables:
+``[data]`` (``DataConfig``: sources, epochs, tokenization, packing), ``[scaling]`` (packing
+actors and where they run; train workers for ``packfeed train``), and for ``packfeed train``
+``[model]``, ``[train]``, ``[output]``. One file serves pack, serve and train alike: each
+command reads the tables it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from packfeed.service.config import (
+    DEFAULT_BLOCK_SAMPLES,
+    FORMATS,
+    LOSS_MODES,
+    OVERLONG_POLICIES,
+    STRATEGIES,
+    DataConfig,
+)
+
+CONFIG_TABLES = ("data", "scaling", "model", "train", "output")
+# [scaling] keys of the packing actors (pack, serve and train); the rest are train's.
+PACKING_KEYS = ("packing_workers", "packing_cpus_per_worker", "packing_max_workers", "packer_labels",
+                "packer_resources", "driver_labels")
+TRAIN_SCALING_KEYS = ("num_workers", "cpus_per_worker", "use_gpu", "trainer_labels", "trainer_resources")
+SUBMIT_DIR_ENV = "PACKFEED_SUBMIT_DIR"  # set by deploy/local/submit.sh: where `ray job submit` ran
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows a flag's default when it has one worth showing (not None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" not in text and action.default not in (None, False, argparse.SUPPRESS) and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data flags of every subcommand that reads inputs (pack, serve, train)."""
+    g = parser.add_argument_group("data (flags override the config file's [data] table)")
+    g.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="JSONL, Parquet, Arrow/Feather, .txt files, directories, globs or HF save_to_disk dirs: one "
+                        "source of repeat 1 (instead of [[data.sources]])")
+    g.add_argument("--config", type=Path, help="TOML or JSON file with [data] (sources, epochs, ...) and [scaling]")
+    g.add_argument("--tokenizer", help="local tokenizer directory or Hugging Face id (cached)")
+    g.add_argument("--seq-len", type=int, help="tokens per packed row")
+    g.add_argument("--epochs", type=int, help="passes over the whole mixture (default 1)")
+    g.add_argument("--strategy", choices=STRATEGIES, help="bfd: whole samples (SFT); concat: full rows (pretraining) "
+                   "(default bfd)")
+    g.add_argument("--overlong", choices=OVERLONG_POLICIES, help="samples longer than seq-len (default truncate)")
+    g.add_argument("--format", choices=FORMATS, help="sample format (default auto: detected for every row)")
+    g.add_argument("--loss", choices=LOSS_MODES, help="auto: completions/assistant turns only, all tokens for text "
+                   "(default auto)")
+    g.add_argument("--add-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="append EOS to every sample (default on)")
+    g.add_argument("--seed", type=int, help="shuffles sources, windows and rows (default 0)")
+    g.add_argument("--strict", action="store_true", default=None, help="the first bad row is an error")
+    g.add_argument("--window-samples", type=int, help="samples packed together (default: 8192, fewer for small data)")
+    g.add_argument("--block-samples", type=int,
+                   help=f"rows read together when shuffling a source; 0: file order (default {DEFAULT_BLOCK_SAMPLES})")
+    g.add_argument("--max-skip-fraction", type=float,
+                   help="fail when more than this fraction of the samples read is bad (default: never)")
+    r = parser.add_argument_group("ray (flags override the config file's [scaling] table)")
+    r.add_argument("--address", help="Ray cluster to join (default: $RAY_ADDRESS, else an embedded local Ray)")
+    r.add_argument("--num-workers", type=int, help="packing actors (default: one per CPU of the packer nodes)")
+    r.add_argument("--cpus-per-worker", type=float, help="CPUs per packing actor, fractional ok (default 1)")
+    r.add_argument("--max-workers", type=int, help="let the packing pool autoscale up to this many actors")
+    r.add_argument("--packer-label", action="append", metavar="KEY=VALUE",
+                   help="node label packing actors need (repeatable; default packfeed/role=packer on labelled clusters)")
+    r.add_argument("--packer-resource", action="append", metavar="NAME=AMOUNT",
+                   help="custom resource each packing actor asks for (repeatable)")
+
+
+def load_config_file(path: Path | None) -> dict[str, Any]:
+    """The config file's tables, with one clear error for a missing file or a syntax error."""
+    if path is None:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        config = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
+    except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+        raise ValueError(f"--config {path}: not valid {'JSON' if Path(path).suffix == '.json' else 'TOML'} ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--config {path}: expected tables like [data], got a {type(config).__name__}")
+    unknown = sorted(set(config) - set(CONFIG_TABLES))
+    if unknown:
+        raise ValueError(f"--config {path}: unknown tables {unknown}; known: {', '.join(CONFIG_TABLES)}")
+    return config
+
+
+def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> DataConfig:
+    """DataConfig from the config file's [data] table, overridden by the flags given."""
+    data = dict((base or {}).get("data", {}))
+    overrides = {
+        "tokenizer": args.tokenizer,
+        "seq_len": args.seq_len,
+        "epochs": args.epochs,
+        "strategy": args.strategy,
+        "overlong": args.overlong,
+        "format": args.format,
+        "loss": args.loss,
+        "add_eos": args.add_eos,
+        "seed": args.seed,
+        "strict": args.strict,
+        "window_samples": args.window_samples,
+        "block_samples": args.block_samples,
+        "max_skip_fraction": args.max_skip_fraction,
+    }
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if args.inputs:  # INPUT... replaces the file's sources: one source of repeat 1
+        data.pop("sources", None)
+        data.pop("samples_per_epoch", None)
+        data["inputs"] = list(args.inputs)
+    if "inputs" not in data and "sources" not in data:
+        raise ValueError("missing INPUT... (or `inputs` / [[data.sources]] in the config file's [data] table)")
+    for required in ("tokenizer", "seq_len"):
+        if required not in data:
+            raise ValueError(f"missing --{required.replace('_', '-')} (or `{required}` in the config file's [data] table)")
+    return DataConfig.from_dict(data)
+
+
+def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The packing actors' settings from [scaling] and the flags (selectors None = auto)."""
+    table = dict((base or {}).get("scaling", {}))
+    unknown = sorted(set(table) - set(PACKING_KEYS) - set(TRAIN_SCALING_KEYS))
+    if unknown:
+        raise ValueError(f"unknown [scaling] keys {unknown}; known: {sorted(PACKING_KEYS + TRAIN_SCALING_KEYS)}")
+    out = {
+        "num_workers": table.get("packing_workers"),
+        "cpus_per_worker": table.get("packing_cpus_per_worker", 1.0),
+        "max_workers": table.get("packing_max_workers"),
+        "packer_labels": table.get("packer_labels"),
+        "packer_resources": dict(table.get("packer_resources", {})),
+        "driver_labels": table.get("driver_labels"),
+    }
+    if args.num_workers is not None:
+        out["num_workers"] = args.num_workers
+    if args.cpus_per_worker is not None:
+        out["cpus_per_worker"] = args.cpus_per_worker
+    if args.max_workers is not None:
+        out["max_workers"] = args.max_workers
+    if args.packer_label:
+        out["packer_labels"] = parse_pairs(args.packer_label, "--packer-label", str)
+    if args.packer_resource:
+        out["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
+    return out
+
+
+def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} takes KEY=VALUE, got {item!r}")
+        try:
+            out[key] = cast(value)
+        except ValueError:
+            raise ValueError(f"{flag} {item!r}: {value!r} is not a number") from None
+    return out
+
+
+def place_packing(packing: dict[str, Any], *, num_windows: int):
+    """After Ray started: the packing Scaling with its selectors resolved against the nodes,
+    checked to fit (a request no node can satisfy fails here, with the numbers). Returns
+    (Scaling, driver selector)."""
+    from packfeed.service import placement
+    from packfeed.service.pipeline import Scaling, resolve_workers
+
+    nodes = placement.node_resources()
+    packer = placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, nodes)
+    driver = placement.resolve(packing["driver_labels"], placement.DRIVER_DEFAULT, nodes)
+    if packing["packer_labels"] is not None:
+        packer = placement.check_selector("packer_labels", packer)
+    scaling = Scaling(
+        num_workers=packing["num_workers"], cpus_per_worker=packing["cpus_per_worker"],
+        max_workers=packing["max_workers"], label_selector=packer,
+        resources=placement.check_resources("packer_resources", packing["packer_resources"]),
+    )
+    count = resolve_workers(scaling, num_windows)
+    placement.check_fits("packing actors", {"CPU": scaling.cpus_per_worker, **scaling.resources}, count, packer, nodes)
+    return scaling, driver
+
+
+def resolve_output(path: Path, flag: str = "--output") -> Path:
+    """An absolute output path. A relative one is taken from where the user ran the command:
+    the current directory, or in a Ray job (where the current directory is Ray's temporary copy
+    of the working dir) the submitting directory that deploy/local/submit.sh passes; without
+    it, a relative path in a Ray job is refused (its files would vanish with the copy)."""
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        return path
+    submit_dir = os.environ.get(SUBMIT_DIR_ENV)
+    if submit_dir:
+        return Path(submit_dir) / path
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):  # set by Ray for a job's entrypoint
+        raise ValueError(
+            f"{flag} {path} is relative, and this runs as a Ray job in a temporary copy of the working directory: "
+            f"give an absolute path (or submit with deploy/local/submit.sh, which passes ${SUBMIT_DIR_ENV})"
+        )
+    return Path.cwd() / path
+
+
+def configure_logging(command: str, debug: bool = False) -> None:
+    """packfeed's own messages (``logging.getLogger("packfeed")``) on stderr, each ONE whole
+    line written at once and flushed (``packfeed serve: listening on ...`` is grepped by
+    tools; two threads' lines never share a line)."""
+    logger = logging.getLogger("packfeed")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelFormatter(command))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+class _LevelFormatter(logging.Formatter):
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        text = f"packfeed {self.command}: {prefix}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text

@@ -1,0 +1,146 @@
+"""``packfeed pack``: tokenize and pack a data config into a Parquet dataset directory.
+
+    packfeed pack INPUT... --tokenizer T --seq-len L --output DIR [data flags]
+    packfeed pack --config data.toml --output DIR
+
+Before Ray starts: the config, the output directory, the plan (every input scanned), the
+tokenizer, and a probe of every input's first rows (formats detected, a source with no valid
+sample refused). Then the rows stream into DIR with progress, and the run ends with the
+packing report. It exits non-zero, saying why, when nothing was packed, when a source
+delivered nothing, or when more than ``--max-skip-fraction`` of the samples read was bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from packfeed.service.commands.args import (
+    add_data_arguments,
+    data_config_from_args,
+    load_config_file,
+    packing_from_args,
+    place_packing,
+    resolve_output,
+)
+
+HELP = "tokenize and pack inputs into a Parquet dataset directory"
+ORDER = 0
+logger = logging.getLogger("packfeed")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser)
+    out = parser.add_argument_group("output")
+    out.add_argument("--output", type=Path, required=True, help="directory for part-*.parquet (and .packfeed/ metadata)")
+    out.add_argument("--overwrite", action="store_true", help="replace a previous packfeed output in --output")
+    out.add_argument("--validate", action="store_true", help="check every row against the row convention")
+    out.add_argument("--progress-seconds", type=float, default=10.0, help="seconds between progress lines (no TTY)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from packfeed.service.plan import build_plan
+    from packfeed.service.probe import describe, probe
+    from packfeed.service.tokenize import load_tokenizer
+    from packfeed.service.writer import ParquetRowWriter
+
+    base = load_config_file(args.config)
+    config = data_config_from_args(args, base)
+    packing = packing_from_args(args, base)
+    output = resolve_output(args.output)
+    plan = build_plan(config)
+    writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
+                              overwrite=args.overwrite, inputs=[f.path for s in plan.sources for f in s.files])
+    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+    for line in describe(probe(plan), plan):
+        logger.info(line)
+    return _pack(args, config, plan, packing, writer, tokenizer)
+
+
+def _pack(args, config, plan, packing, writer, tokenizer) -> int:
+    from packfeed.client.rows import check_rows
+    from packfeed.service.pipeline import PackingPipeline
+    from packfeed.service.progress import Progress
+    from packfeed.service.raycluster import init_ray
+    from packfeed.service.stats import format_summary
+
+    start = time.perf_counter()
+    logger.info(init_ray(args.address))
+    ray_init_seconds = time.perf_counter() - start
+    scaling, _ = place_packing(packing, num_windows=plan.num_windows)
+    pipeline = PackingPipeline(config, plan, scaling=scaling)
+    if pipeline.num_workers > len(pipeline.windows):
+        logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)
+    logger.info("packing %s samples (%d epoch(s)) in %d windows of %s on %d workers -> %s",
+                f"{plan.samples_per_epoch * plan.epochs:,}", plan.epochs, plan.num_windows,
+                f"{plan.window_samples:,}", pipeline.num_workers, writer.out_dir)
+    progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
+                        interval_s=args.progress_seconds)
+    rows_written = tokens = first_tokens = 0
+    first_row_at = None
+    epoch_first_rows = []  # global row of each epoch's first window
+    for out in pipeline.iter_windows():
+        if out.stats is not None and out.window % plan.windows_per_epoch == 0:
+            epoch_first_rows.append(rows_written)
+        rows = out.rows
+        if not rows.num_rows:
+            continue
+        if args.validate:
+            check_rows(rows, config.seq_len)
+        writer.write(rows)
+        rows_written += rows.num_rows
+        tokens += rows.num_real_tokens
+        if first_row_at is None:
+            first_row_at, first_tokens = time.perf_counter(), tokens
+        progress.update(samples=pipeline.samples_started, rows=rows_written, tokens=tokens)
+    progress.close()
+    end = time.perf_counter()
+    total = pipeline.stats
+    total.check_accounting()
+    stats = total.to_dict(seq_len=config.seq_len, seconds=end - start)
+    stats["first_row_seconds"] = round((first_row_at or end) - start, 3)
+    stats["steady_tokens_per_second"] = _steady_rate(tokens - first_tokens, first_row_at, end, len(pipeline.windows))
+    stats["ray_init_seconds"] = round(ray_init_seconds, 3)
+    stats["num_workers"] = pipeline.num_workers
+    stats["epoch_rows"] = [b - a for a, b in zip(epoch_first_rows, epoch_first_rows[1:] + [rows_written])]
+    failure = run_failure(stats, config.max_skip_fraction)
+    meta = {
+        "data": config.to_dict(), "config_hash": config.config_hash(),
+        "tokenizer": {"name": tokenizer.name, "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size},
+        "plan": {"epochs": plan.epochs, "windows_per_epoch": plan.windows_per_epoch, "window_samples": plan.window_samples,
+                 "samples_per_epoch": plan.samples_per_epoch, "sources": plan.summary()},
+    }  # fmt: skip
+    writer.close(config=meta, stats=stats, status="complete" if failure is None else f"failed: {failure}")
+    print(format_summary(stats))
+    if failure is not None:
+        raise ValueError(failure)
+    if args.validate:
+        logger.info("validated %s rows against the row convention: all correct", f"{rows_written:,}")
+    print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) to {writer.out_dir} "
+          f"(metadata in {writer.meta.name}/)")
+    return 0
+
+
+def run_failure(stats: dict, max_skip_fraction: float | None) -> str | None:
+    """Why a finished run must not count as a success, or None."""
+    read, packed = stats["samples_read"], stats["samples_packed"]
+    reasons = ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items())
+    if packed == 0:
+        return f"nothing was packed: {read:,} samples read, all skipped or dropped ({reasons or 'dropped'})"
+    empty = [s["name"] for s in stats.get("sources", []) if s["samples_read"] and not s["samples_packed"]]
+    if empty:
+        return f"source(s) {empty} delivered no sample: every row was bad (see the report): fix or remove them"
+    if max_skip_fraction is not None and read and stats["skipped_total"] / read > max_skip_fraction:
+        return (f"{stats['skipped_total']:,} of {read:,} samples were skipped ({stats['skipped_total'] / read:.1%}), more than "
+                f"--max-skip-fraction {max_skip_fraction:g} ({reasons})")
+    return None
+
+
+def _steady_rate(tokens: int, first_row_at: float | None, end: float, windows: int) -> float | None:
+    """Tokens/s once rows flow: the tokens after the first block over the time after it
+    (start-up excluded); None when one window made the whole run."""
+    if first_row_at is None or windows < 2 or end <= first_row_at:
+        return None
+    return tokens / (end - first_row_at)

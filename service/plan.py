@@ -1,0 +1,224 @@
+"""The stream plan: which rows of which files every packing window of every epoch holds.
+
+``build_plan(config)`` runs on the driver, once: it expands every source's paths, counts rows
+(``sources.scan_file``) and fixes the mixture arithmetic of ``mixture.py``. ``plan.window(k)``
+then gives window k (numbered over the whole stream, epoch after epoch) as a ``WindowSpec``
+of file pieces, computed on demand from small arrays, so the plan of a 100M-sample corpus is a
+few MB however many epochs it has, and packing actors receive the plan, not a list of windows.
+
+Global sample ids: sources in the order listed, then their files, then rows, so sample
+``first_sample_id + r`` is row r of the source (counting bad rows). A sample repeated by
+``repeat`` or ``weight`` keeps its id in every repetition.
+
+Example: sources a (6 rows, repeat 1) and b (2 rows, repeat 1.5), window 4, block 2. Per
+epoch a gives 6 samples and b 3 (round(1.5 x 2)); T = 9, so windows of (3, 1), (2, 2), and a
+short (1, 0). Ids: a is 0..5, b is 6..7; b's second repetition of a row carries the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packfeed.service.config import DEFAULT_WINDOW_SAMPLES, DataConfig
+from packfeed.service.mixture import SourceOrder, epoch_counts, window_bounds
+from packfeed.service.sources import MAX_SEEK_STRIDE, FileScan, Piece, WindowSpec, expand_inputs, scan_file
+
+logger = logging.getLogger("packfeed")
+
+MIN_AUTO_WINDOW = 1024
+
+
+def auto_window(samples_per_epoch: int) -> int:
+    """The default window: 8192 samples, or an eighth of a small epoch (at least 1024), so that
+    small data still makes several windows for several packing workers. It depends on the
+    data only, never on the number of workers: the rows stay the same whatever the pool."""
+    return int(min(DEFAULT_WINDOW_SAMPLES, max(MIN_AUTO_WINDOW, math.ceil(samples_per_epoch / 8))))
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    """One source as planned: its files, where its rows start, what it gives per epoch."""
+
+    index: int
+    name: str
+    format: str
+    loss: str
+    first_sample_id: int
+    files: tuple[FileScan, ...]
+    file_starts: np.ndarray  # int64 [F + 1]: source-local first row of each file, then the total
+    samples_per_epoch: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.file_starts[-1])
+
+
+class StreamPlan:
+    """Windows of the whole stream (all epochs); see the module docstring."""
+
+    def __init__(self, sources: list[SourcePlan], *, window: int, epochs: int, block: int, seed: int) -> None:
+        self.sources = tuple(sources)
+        self.window_samples, self.epochs, self.block, self.seed = window, epochs, block, seed
+        self.counts = np.asarray([s.samples_per_epoch for s in sources], dtype=np.int64)
+        self.bounds = window_bounds(self.counts, window)  # [K + 1, S], the same every epoch
+        self._first_ids = np.asarray([s.first_sample_id for s in sources], dtype=np.int64)
+        self._orders: dict[int, SourceOrder] = {}
+
+    @property
+    def windows_per_epoch(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def num_windows(self) -> int:
+        return self.windows_per_epoch * self.epochs
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return int(self.counts.sum())
+
+    def epoch_of(self, window: int) -> int:
+        return window // self.windows_per_epoch
+
+    def first_window(self, epoch: int) -> int:
+        return epoch * self.windows_per_epoch
+
+    def source_of(self, sample_ids: np.ndarray) -> np.ndarray:
+        """Source index of each global sample id (int64)."""
+        return np.searchsorted(self._first_ids, np.asarray(sample_ids, dtype=np.int64), side="right") - 1
+
+    def window_counts(self, window: int) -> np.ndarray:
+        """Samples of each source in ``window`` (int64 [S])."""
+        j = window % self.windows_per_epoch
+        return self.bounds[j + 1] - self.bounds[j]
+
+    def window(self, k: int) -> WindowSpec:
+        """Window ``k``: for each source the next samples of its seeded sequence (see mixture.py)."""
+        if not 0 <= k < self.num_windows:
+            raise IndexError(f"window {k} is not in [0, {self.num_windows})")
+        epoch, j = divmod(k, self.windows_per_epoch)
+        pieces: list[Piece] = []
+        for s in self.sources:
+            base = epoch * s.samples_per_epoch
+            lo, hi = base + int(self.bounds[j, s.index]), base + int(self.bounds[j + 1, s.index])
+            for a, b in self._order(s).ranges(lo, hi):
+                pieces.extend(file_pieces(s, a, b))
+        return WindowSpec(index=k, epoch=epoch, pieces=tuple(_merge_text_pieces(pieces)))
+
+    def _order(self, s: SourcePlan) -> SourceOrder:
+        if s.index not in self._orders:
+            self._orders[s.index] = SourceOrder(s.num_rows, block=self.block, seed=self.seed, source=s.index)
+        return self._orders[s.index]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_orders": {}}  # rebuilt on demand where the plan is used
+
+    def fingerprint(self) -> str:
+        """Digest of the files as scanned (paths, row counts, seek offsets) and the mixture:
+        a manifest written before an input file changed is not trusted."""
+        h = hashlib.sha256()
+        for s in self.sources:
+            h.update(f"{s.name}|{s.format}|{s.loss}|{s.samples_per_epoch}".encode())
+            for f in s.files:
+                h.update(f"{f.path}|{f.kind}|{f.num_rows}".encode())
+                h.update(f.seek_offsets.tobytes())
+        h.update(f"{self.window_samples}|{self.epochs}|{self.block}|{self.seed}".encode())
+        return h.hexdigest()[:16]
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per source: name, files, rows, samples per epoch, planned share."""
+        total = max(self.samples_per_epoch, 1)
+        return [
+            {
+                "name": s.name,
+                "files": len(s.files),
+                "rows": s.num_rows,
+                "samples_per_epoch": s.samples_per_epoch,
+                "planned_share": s.samples_per_epoch / total,
+            }
+            for s in self.sources
+        ]
+
+
+def build_plan(config: DataConfig) -> StreamPlan:
+    """Scan every source of ``config`` and plan the stream. Raises ValueError naming the source
+    for an empty source or one that contributes nothing per epoch."""
+    stride = config.block_samples if 0 < config.block_samples <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
+    planned: list[tuple[Any, tuple[FileScan, ...], np.ndarray, int]] = []
+    next_id = 0
+    for source in config.sources:
+        scans, first_row = [], 0
+        for path, kind in expand_inputs(source.paths):
+            fmt = config.source_format(source)
+            if kind == "text" and fmt not in ("auto", "text"):
+                raise ValueError(f"source {source.name!r}: {path} is a plain-text file (one document); it holds "
+                                 f"format 'text', not {fmt!r}")
+            scan = scan_file(path, kind, first_row=first_row, stride=stride)
+            if scan.num_rows == 0:
+                logger.warning("input %s holds no rows", path)
+                continue
+            scans.append(scan)
+            first_row += scan.num_rows
+        if first_row == 0:
+            raise ValueError(f"source {source.name!r} has no rows: its files ({', '.join(source.paths)}) are empty")
+        starts = np.concatenate(([0], np.cumsum([f.num_rows for f in scans]))).astype(np.int64)
+        planned.append((source, tuple(scans), starts, next_id))
+        next_id += first_row
+    rows = [int(p[2][-1]) for p in planned]
+    if config.weighted:
+        counts = epoch_counts(rows, weights=[s.weight for s in config.sources], samples_per_epoch=config.samples_per_epoch)
+    else:
+        counts = epoch_counts(rows, repeats=[s.repeat if s.repeat is not None else 1.0 for s in config.sources])
+    for (source, *_), c in zip(planned, counts):
+        if c == 0:
+            raise ValueError(
+                f"source {source.name!r} contributes 0 samples per epoch (its repeat or weight rounds to nothing): "
+                "raise its repeat/weight or leave it out"
+            )
+    total = int(counts.sum())
+    window = config.window_samples or auto_window(total)
+    sources = [
+        SourcePlan(i, src.name, config.source_format(src), config.source_loss(src), first_id, scans, starts, int(c))
+        for i, ((src, scans, starts, first_id), c) in enumerate(zip(planned, counts))
+    ]
+    return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed)
+
+
+def file_pieces(s: SourcePlan, lo: int, hi: int) -> list[Piece]:
+    """Source-local rows [lo, hi) as pieces, split where files end."""
+    out = []
+    f = int(np.searchsorted(s.file_starts, lo, side="right")) - 1
+    while lo < hi:
+        scan, start = s.files[f], int(s.file_starts[f])
+        end = min(hi, int(s.file_starts[f + 1]))
+        row = lo - start
+        seek = int(np.searchsorted(scan.seek_rows, row, side="right")) - 1
+        out.append(Piece(
+            path=scan.path, kind=scan.kind, format="text" if scan.kind == "text" else s.format, source=s.index,
+            start_row=row, num_rows=end - lo, first_sample_id=s.first_sample_id + lo,
+            byte_offset=int(scan.seek_offsets[seek]), seek_row=int(scan.seek_rows[seek]),
+            files=(scan.path,) if scan.kind == "text" else (),
+        ))  # fmt: skip
+        lo, f = end, f + 1
+    return out
+
+
+def _merge_text_pieces(pieces: list[Piece]) -> list[Piece]:
+    """Consecutive one-document text files of a source (consecutive ids) become one piece."""
+    out: list[Piece] = []
+    for p in pieces:
+        prev = out[-1] if out else None
+        if (
+            prev is not None and p.kind == "text" and prev.kind == "text" and prev.source == p.source
+            and prev.first_sample_id + prev.num_rows == p.first_sample_id
+        ):
+            out[-1] = Piece(prev.path, "text", "text", prev.source, 0, prev.num_rows + 1, prev.first_sample_id,
+                            files=prev.files + p.files)
+        else:
+            out.append(p)
+    return out

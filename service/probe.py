@@ -1,0 +1,108 @@
+"""A look at the first rows of every input before Ray starts: formats, and sources that are bad.
+
+``probe(plan)`` reads the first ``rows_per_file`` rows of each file of each source (at most
+``max_files`` files per source) with the same readers and validation as a packing window, and
+returns what it saw per file: the formats detected (``messages``, ``prompt_completion``,
+``text``) and the skip reasons. A source none of whose probed rows is a valid sample is a
+``ValueError`` naming the source, the reasons and what the rows hold (e.g. ``--format
+messages`` on a file of ``text`` rows), so a run that would pack nothing fails in a second, not
+after the whole corpus. Cost: a few rows per file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from packfeed.service.plan import StreamPlan, file_pieces
+from packfeed.service.records import RECORD_PARSERS, record_format
+from packfeed.service.sources import WindowSpec, read_window
+
+
+@dataclass
+class FileProbe:
+    path: str
+    rows: int  # rows of the file
+    probed: int
+    formats: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    example: str = ""  # the first skip, described
+
+    def describe(self) -> str:
+        seen = ", ".join(f"{k} {v}" for k, v in self.formats.most_common()) or "no valid sample"
+        bad = f"; bad: {', '.join(f'{k} {v}' for k, v in self.skipped.most_common())}" if self.skipped else ""
+        return f"{self.path}: {self.rows:,} rows; first {self.probed}: {seen}{bad}"
+
+
+def probe(plan: StreamPlan, *, rows_per_file: int = 20, max_files: int = 32) -> dict[str, list[FileProbe]]:
+    """Source name -> what the first rows of its files hold. Raises ValueError for a source
+    with no valid sample among its probed rows."""
+    out: dict[str, list[FileProbe]] = {}
+    for s in plan.sources:
+        reports = []
+        for f, scan in enumerate(s.files[:max_files]):
+            start = int(s.file_starts[f])
+            n = min(rows_per_file, scan.num_rows)
+            raw = read_window(WindowSpec(index=-1, epoch=0, pieces=tuple(file_pieces(s, start, start + n))))
+            report = FileProbe(scan.path, scan.num_rows, n)
+            report.formats.update(record_format(r) for r in raw.records)
+            report.skipped.update(skip.reason for skip in raw.skips)
+            if raw.skips:
+                report.example = raw.skips[0].describe()
+            reports.append(report)
+        out[s.name] = reports
+        if not any(r.formats for r in reports):
+            raise ValueError(_bad_source_message(s, reports, plan))
+    return out
+
+
+def _bad_source_message(s, reports: list[FileProbe], plan: StreamPlan) -> str:
+    reasons = Counter()
+    for r in reports:
+        reasons.update(r.skipped)
+    probed = sum(r.probed for r in reports)
+    hint = ""
+    if s.format != "auto":
+        auto = _auto_formats(s, reports)
+        if auto:
+            hint = f"; read with format auto these rows are {', '.join(sorted(auto))}: drop --format (or the source's format)"
+    elif any(r.path.endswith(".json") for r in reports) and reasons.get("malformed_json"):
+        hint = "; a .json input must hold JSON Lines (one object per line), not one JSON document"
+    example = next((r.example for r in reports if r.example), "")
+    return (
+        f"source {s.name!r}: none of the first {probed} rows of its files is a valid "
+        f"{s.format if s.format != 'auto' else 'sample'} ({', '.join(f'{k} {v}' for k, v in reasons.most_common())}; "
+        f"e.g. {example}){hint}"
+    )
+
+
+def _auto_formats(s, reports: list[FileProbe]) -> set[str]:
+    """Formats the probed rows would have with format auto (for the hint)."""
+    from dataclasses import replace
+
+    from packfeed.service.plan import SourcePlan
+
+    auto: SourcePlan = replace(s, format="auto")
+    found: set[str] = set()
+    for f, report in enumerate(reports):
+        start = int(auto.file_starts[f])
+        pieces = file_pieces(auto, start, start + report.probed)
+        raw = read_window(WindowSpec(index=-1, epoch=0, pieces=tuple(pieces)))
+        found.update(record_format(r) for r in raw.records)
+    return found if "auto" in RECORD_PARSERS else set()
+
+
+def describe(reports: dict[str, list[FileProbe]], plan: StreamPlan, *, max_lines: int = 12) -> list[str]:
+    """Lines for the user: every source, its share, and what its files hold."""
+    lines = []
+    total = max(plan.samples_per_epoch, 1)
+    for s in plan.sources:
+        lines.append(
+            f"source {s.name!r}: {len(s.files)} file(s), {s.num_rows:,} rows, {s.samples_per_epoch:,} samples per epoch "
+            f"({100 * s.samples_per_epoch / total:.1f}% of the mixture)"
+        )
+        files = reports.get(s.name, [])
+        lines += [f"  {r.describe()}" for r in files[:max_lines]]
+        if len(s.files) > max_lines:
+            lines.append(f"  ... and {len(s.files) - max_lines} more file(s)")
+    return lines

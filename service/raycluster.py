@@ -1,0 +1,95 @@
+"""Ray start-up for every packfeed command: which Ray, how quiet, and what it can hold.
+
+* ``prepare_ray_env()`` runs before ``import ray`` (Ray reads these at import): token
+  authentication stays on for an embedded Ray (set explicitly, so Ray does not warn about its
+  default on every start), no usage stats.
+* ``init_ray(address)`` joins ``address`` / $RAY_ADDRESS (checking first that the head answers,
+  so a wrong address is one clear line, not a minute of retries) or starts an embedded Ray.
+  ``$PACKFEED_AUTH_TOKEN`` is removed from the environment first: Ray's worker processes inherit
+  the driver's environment, and the serve token must not travel with them.
+* ``quiet_ray()`` turns down what Ray prints on every run that says nothing to a packfeed user
+  (Ray Data's execution plan lines and its progress-bar notice).
+
+Measured with Ray 2.60: gcs_server and raylet listen on every interface whatever
+``node_ip_address`` says (``ray.init`` maps 127.0.0.1 to the machine's address, ``ray start
+--node-ip-address 127.0.0.1`` still binds ``*``), so loopback binding is not available; the
+token authentication kept on above is what refuses other hosts. The dashboard, when started,
+listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+TOKEN_ENV = "PACKFEED_AUTH_TOKEN"
+DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
+
+
+def prepare_ray_env() -> None:
+    """Environment for Ray; call before Ray is imported (the CLI does, first thing)."""
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
+def quiet_ray() -> None:
+    """Ray loggers that print on every run: keep their warnings about real problems only."""
+    for name, level in (
+        ("ray.data._internal.execution.streaming_executor", logging.WARNING),  # "Starting execution ..."
+        ("ray.data._internal.progress", logging.ERROR),  # "Progress bars disabled ..."
+        ("ray._private.authentication", logging.ERROR),  # "Token authentication is enabled ..."
+    ):
+        logging.getLogger(name).setLevel(level)
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:
+    """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
+
+    Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
+    starts a fresh embedded Ray, never a stale cluster left by ``ray start``. ``dashboard``
+    starts Ray's dashboard on 127.0.0.1 with the embedded Ray (Ray Train needs its State API).
+    Returns a line saying which Ray is used, for the user.
+    """
+    prepare_ray_env()
+    os.environ.pop(TOKEN_ENV, None)
+    import ray
+
+    quiet_ray()
+    if ray.is_initialized():
+        return "Ray: already initialised in this process"
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address not in ("local", "auto"):
+        check_reachable(address)
+        ray.init(address=address, logging_level=logging.WARNING)
+        return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+    if address == "auto":
+        ray.init(address="auto", logging_level=logging.WARNING)
+        return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+    num_cpus = num_cpus or os.cpu_count() or 1
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
+        logging_level=logging.WARNING,
+    )
+    return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """ValueError unless something listens at ``address`` ("host:port" or "ray://host:port")."""
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"Ray address {address!r} is not host:port (e.g. 127.0.0.1:6379)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"cannot reach the Ray head at {address} ({e.strerror or e}): start it (deploy/local/start.sh, "
+            "`ray start --head`) or fix --address / $RAY_ADDRESS"
+        ) from None

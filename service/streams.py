@@ -1,0 +1,182 @@
+"""One packed stream as the hub sees it: how to read it, how to re-pack one window, what it is.
+
+Two kinds, one interface (``StreamSource``), so ``packfeed serve`` and ``packfeed train`` serve
+either the same way:
+
+* ``pipeline_source``: the PackingPipeline of a data config (packing actors on Ray). The main
+  reader is a pipeline from a window on; the catch-up path (far consumers, see hub.py) is one
+  extra packing actor, started on first use, that packs single windows on request.
+* ``packed_dir_source``: a finished ``packfeed pack`` directory, served as it is (pack once,
+  train many). Its windows are the Parquet row groups; their first rows are known from the
+  metadata, so any cursor is reached at once and no Ray is needed.
+
+Describe's epochs and rows per epoch come from here too (``epoch_rows``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from packfeed.client.rows import PackedRows
+from packfeed.service.hub import Manifest, OpenReader, PackWindow
+from packfeed.service.stats import RunStats
+
+logger = logging.getLogger("packfeed")
+
+
+@dataclass
+class StreamSource:
+    """Everything a RowHub and Describe need about one stream."""
+
+    config_hash: str
+    seq_len: int
+    tokenizer_name: str
+    vocab_size: int
+    pad_id: int
+    epochs: int
+    windows_per_epoch: int
+    sources: list[dict[str, Any]]  # name, rows, samples_per_epoch, planned_share
+    samples_per_epoch: int
+    manifest_key: str
+    open_reader: OpenReader
+    pack_window: PackWindow | None
+    stats: RunStats | None = None  # packing accounting of the windows packed (pipeline only)
+    known_first_rows: dict[int, int] = field(default_factory=dict)  # a packed dir knows them all
+    known_total: int | None = None
+    fixed_epoch_rows: list[int] | None = None  # a packed dir records its epochs' rows
+    close: Callable[[], None] = lambda: None
+
+    def seed_manifest(self, manifest: Manifest) -> None:
+        """Give the manifest what the source already knows (a packed directory: everything)."""
+        for window, row in self.known_first_rows.items():
+            manifest.record(window, row)
+        if self.known_total is not None:
+            manifest.record_end(self.known_total)
+
+    def epoch_rows(self, manifest: Manifest) -> list[int]:
+        """Rows of each epoch whose end is known, in order (from the windows' first rows)."""
+        if self.fixed_epoch_rows is not None:
+            return list(self.fixed_epoch_rows)
+        firsts = manifest.to_dict()["first_row"]
+        out, e = [], 0
+        while e < self.epochs:
+            start = firsts.get(str(e * self.windows_per_epoch))
+            end = manifest.total_rows if e + 1 == self.epochs else firsts.get(str((e + 1) * self.windows_per_epoch))
+            if start is None or end is None:
+                break
+            out.append(int(end) - int(start))
+            e += 1
+        return out
+
+
+def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> StreamSource:
+    """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
+    SampleTokenizer (pad id, vocabulary); ``scaling``: the packing actors' Scaling."""
+    import ray
+
+    from packfeed.service.pipeline import PackingPipeline, WindowActor, new_run_stats, table_outputs
+
+    stats = new_run_stats(plan)
+    catchup: dict[str, Any] = {}
+
+    def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
+        logger.info("packing from window %d of %d (row %s)", window, plan.num_windows, f"{first_row:,}")
+        pipeline = PackingPipeline(config, plan, scaling=scaling, start_window=window, stats=stats)
+        for out in pipeline.iter_windows(first_row):
+            yield out.window, out.rows
+        report_end_of_stream(stats, config.seq_len)
+
+    def pack_window(window: int) -> PackedRows | None:
+        if window >= plan.num_windows:
+            return None
+        if "actor" not in catchup:
+            options: dict[str, Any] = {"num_cpus": 0}
+            if scaling.label_selector:
+                options["label_selector"] = dict(scaling.label_selector)
+            catchup["actor"] = ray.remote(WindowActor).options(**options).remote(
+                config, plan, max(1, int(scaling.cpus_per_worker)))
+        table = ray.get(catchup["actor"].__call__.remote({"window": np.asarray([window])}))
+        (out,) = table_outputs(table, first_row=0)
+        if out.stats is not None:
+            stats.add(out.stats)
+        return out.rows
+
+    def close() -> None:
+        actor = catchup.pop("actor", None)
+        if actor is not None:
+            ray.kill(actor)
+
+    return StreamSource(
+        config_hash=config.config_hash(), seq_len=config.seq_len, tokenizer_name=tokenizer.name,
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, epochs=plan.epochs,
+        windows_per_epoch=plan.windows_per_epoch, sources=plan.summary(), samples_per_epoch=plan.samples_per_epoch,
+        manifest_key=f"{config.config_hash()}-{plan.fingerprint()}", open_reader=open_reader,
+        pack_window=pack_window, stats=stats, close=close,
+    )  # fmt: skip
+
+
+def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
+    """The rows of a finished ``packfeed pack`` directory (``info``: writer.packed_dir_info)."""
+    import pyarrow.parquet as pq
+
+    from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow
+    from packfeed.service.writer import part_files
+
+    config, stats = info["config"], info["stats"]
+    groups: list[tuple[Path, int, int]] = []  # (file, row group, first row)
+    first = 0
+    for f in part_files(path):
+        meta = pq.ParquetFile(f).metadata
+        for g in range(meta.num_row_groups):
+            groups.append((f, g, first))
+            first += meta.row_group(g).num_rows
+    if first != stats.get("rows"):
+        raise ValueError(f"{path}: its Parquet files hold {first:,} rows, its stats.json {stats.get('rows')!r}: the "
+                         "directory changed after packing; pack it again")
+
+    def read(k: int) -> PackedRows:
+        f, g, start = groups[k]
+        table = pq.ParquetFile(f).read_row_group(g).select(ROW_SCHEMA.names)
+        rows = rows_from_arrow(table)
+        return _reindex(rows, start)
+
+    def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
+        for k in range(window, len(groups)):
+            yield k, read(k)
+
+    def pack_window(window: int) -> PackedRows | None:
+        return None if window >= len(groups) else _reindex(read(window), 0)
+
+    tok = config.get("tokenizer", {})
+    plan = config.get("plan", {})
+    epochs = int(plan.get("epochs", 1))
+    known = {k: s for k, (_, _, s) in enumerate(groups)}  # every row group's first row
+    return StreamSource(
+        config_hash=config["config_hash"], seq_len=int(config["data"]["seq_len"]),
+        tokenizer_name=tok.get("name", config["data"]["tokenizer"]), vocab_size=int(tok.get("vocab_size", 0)),
+        pad_id=int(tok.get("pad_id", 0)), epochs=epochs, windows_per_epoch=max(len(groups), 1),
+        sources=plan.get("sources", []), samples_per_epoch=int(plan.get("samples_per_epoch", 0)),
+        manifest_key=f"{config['config_hash']}-packed-{first}", open_reader=open_reader, pack_window=pack_window,
+        known_first_rows=known, known_total=first, fixed_epoch_rows=list(stats.get("epoch_rows") or [first]),
+    )  # fmt: skip
+
+
+def report_end_of_stream(stats: RunStats, seq_len: int) -> None:
+    """The packing report at the end of the stream: totals, sources, skips (why, which)."""
+    from packfeed.service.stats import format_summary
+
+    logger.info("end of stream reached (%d windows packed by this process):\n%s", stats.windows,
+                format_summary(stats.to_dict(seq_len=seq_len, seconds=0.0)))
+    for name in stats.empty_sources():
+        logger.warning("source %r delivered no sample: every row read was bad", name)
+
+
+def _reindex(rows: PackedRows, first: int) -> PackedRows:
+    from dataclasses import replace
+
+    return replace(rows, row_index=np.arange(first, first + rows.num_rows, dtype=np.int64))
