@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-STRATEGIES = ("bfd", "concat")
+STRATEGIES = ("bfd", "concat", "exactfit")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages")
 LOSS_MODES = ("auto", "all", "completion")
@@ -32,7 +32,7 @@ class DataConfig:
     inputs: tuple[str, ...]
     tokenizer: str
     seq_len: int
-    strategy: str = "bfd"
+    strategy: str = "exactfit"
     overlong: str = "truncate"
     format: str = "auto"
     loss: str = "auto"
