@@ -8,8 +8,9 @@ one at a time instead, like bin-completion and minimum-bin-slack heuristics (Kor
 Gupta and Ho 1999; Fleszar and Hindi 2002), over the window's length histogram:
 
 1. Open a row with the longest remaining sample, of length a; the gap is g = L - a.
-2. Close the gap exactly with at most 4 more samples whose lengths sum to g, found by a
-   small depth-first search (at most 100 nodes) over the lengths still available:
+2. Close the gap exactly with at most 5 more samples (4 after a long opener) whose lengths
+   sum to g, found by a small depth-first search (at most 100 nodes) over the lengths still
+   available:
 
    * rows opened by a sample of at most L/2: two samples summing to g are looked up in one
      step, preferring the pair whose rarer length is most plentiful (so no length runs out
@@ -30,7 +31,7 @@ Worked example, L = 10, lengths [6, 5, 4, 4, 3, 3, 3, 2] (30 tokens, bound 3 row
 Never worse than bfd, by construction: bfd runs first (a few ms) and its layout is kept when
 it already meets the lower bound (bounds.py: Martello-Toth L2), when this search stops
 being able to beat it (checked as rows are built), or when it is not strictly better. So
-on short-sample windows the result is bfd's, identical.
+wherever bfd is as good (most short-sample windows) the result is bfd's, identical.
 
 Lengths are small integers, so the sets "lengths with >= 1, >= 2, >= 4, ... samples left"
 are Python ints used as bitsets: "is there a pair summing to g" is one AND of a set with
@@ -51,7 +52,7 @@ from .bounds import lower_bound_of_counts
 from .ranges import concat_ranges
 from .types import Layout
 
-_DEPTH = 5  # the opening sample + up to 4 in the exact completion
+_DEPTH = 5  # samples in one exact completion (4 after an opener longer than L/2)
 _NODES_PER_SEARCH = 100
 _NODES_PER_SAMPLE = 64  # total search budget of a window; then best fit only
 
