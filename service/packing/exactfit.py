@@ -38,9 +38,9 @@ are Python ints used as bitsets: "is there a pair summing to g" is one AND of a 
 the mirror of another, shifted (bit s of ``fwd[k]`` and bit L - s of ``rev[k]`` are set
 when length s has >= 2**k samples left). Each search step costs about a microsecond.
 
-Measured (bench/bench_packing.py, 8,192-sample windows): rows / lower bound 1.000-1.004 on
-the long-sample distributions where bfd gives 1.02-1.04, in 10-70 ms per window (bfd: 2-5
-ms); 1M-sample windows 0.1-1 s.
+Measured (bench/bench_packing.py, table 4, 8,192-sample windows): rows / lower bound
+1.0000-1.0048 on the long-sample distributions at L 2048-32768, where bfd gives 1.0007-1.043;
+10-125 ms per window (bfd: 1-7 ms). 1M-sample windows: 0.03-0.45 s (table 1 and 2).
 """
 
 from __future__ import annotations
