@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from packfeed.service.mixture import check_share
 
-STRATEGIES = ("bfd", "concat")
+STRATEGIES = ("bfd", "concat", "exactfit")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages")
 LOSS_MODES = ("auto", "all", "completion")
@@ -93,7 +93,7 @@ class DataConfig:
     seq_len: int
     epochs: int = 1
     samples_per_epoch: int | None = None
-    strategy: str = "bfd"
+    strategy: str = "exactfit"
     overlong: str = "truncate"
     format: str = "auto"
     loss: str = "auto"

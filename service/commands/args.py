@@ -56,8 +56,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", help="local tokenizer directory or Hugging Face id (cached)")
     g.add_argument("--seq-len", type=int, help="tokens per packed row")
     g.add_argument("--epochs", type=int, help="passes over the whole mixture (default 1)")
-    g.add_argument("--strategy", choices=STRATEGIES, help="bfd: whole samples (SFT); concat: full rows (pretraining) "
-                   "(default bfd)")
+    g.add_argument("--strategy", choices=STRATEGIES,
+                   help="exactfit: whole samples, rows closed exactly (SFT; default); bfd: plain best-fit decreasing; "
+                        "concat: full rows, samples cut at row ends (pretraining)")
     g.add_argument("--overlong", choices=OVERLONG_POLICIES, help="samples longer than seq-len (default truncate)")
     g.add_argument("--format", choices=FORMATS, help="sample format (default auto: detected for every row)")
     g.add_argument("--loss", choices=LOSS_MODES, help="auto: completions/assistant turns only, all tokens for text "

@@ -1,12 +1,13 @@
 """Packing algorithms: pure functions of sample lengths (numpy and the standard library only).
 
-    pack(lengths, seq_len, strategy="bfd", overlong="truncate") -> Packing   # where tokens go
+    pack(lengths, seq_len, strategy="exactfit", overlong="truncate") -> Packing   # where tokens go
     assemble_rows(packing, tokens, labels, ...) -> packfeed.client.rows.PackedRows
     check_packing(packing, lengths, seq_len, ...)   # raises unless the packing is correct
 
-Modules: api (pack), types (Packing), overlong (policies), registry (STRATEGIES), bfd and
-concat (one strategy each), assemble (rows), check (invariants), ranges (a numpy helper),
-synthetic (length distributions for tests and the benchmark).
+Modules: api (pack), types (Packing), overlong (policies), registry (STRATEGIES), exactfit,
+bfd and concat (one strategy each), bounds (lower bounds on rows), assemble (rows), check
+(invariants), ranges (a numpy helper), synthetic (length distributions for tests and the
+benchmark).
 
 The Ray Data stage, the CLI and the benchmark call these; they hold no packing logic.
 """

@@ -9,7 +9,8 @@ it, and a pipeline can run it on a sample of windows. Checks:
   ``n`` tokens, or the first ``seq_len`` if truncated, or none if dropped;
 * ``truncated`` / ``split`` / ``dropped`` are exactly the samples longer than ``seq_len``
   for the policy, and empty for the others;
-* bfd: every segment is a whole sample, or under ``split`` a whole ``seq_len``-aligned piece;
+* bfd, exactfit (strategies that do not cut at row ends): every segment is a whole sample,
+  or under ``split`` a whole ``seq_len``-aligned piece;
 * concat: every row but the last is exactly full and the stream is in input order.
 
 Cost: O(segments log segments), vectorised.
@@ -30,12 +31,12 @@ from .types import Packing
 
 
 def check_packing(
-    packing: Packing, lengths, seq_len: int, *, strategy: str = "bfd", overlong: str = "truncate"
+    packing: Packing, lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "truncate"
 ) -> None:
     """Raise ValueError unless ``packing`` is what ``pack(lengths, seq_len, strategy=...,
     overlong=...)`` may return (see the module docstring for the list of checks)."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    get_strategy(strategy)
+    whole_samples = not get_strategy(strategy).cuts_at_row_ends
     check_policy(overlong)
     seg_sample, seg_start, seg_len = packing.segment_sample, packing.segment_start, packing.segment_len
     splits = packing.row_splits
@@ -83,11 +84,11 @@ def check_packing(
         bad = int(np.flatnonzero(covered != kept)[0])
         raise ValueError(f"sample {bad}: {covered[bad]} tokens packed, expected {kept[bad]}")
 
-    if strategy == "bfd":
+    if whole_samples:
         # Whole pieces: starts at multiples of seq_len, length min(seq_len, rest of sample).
         whole = (seg_start % seq_len == 0) & (seg_len == np.minimum(seq_len, kept[seg_sample] - seg_start))
         if not whole.all():
-            raise ValueError("bfd cut a sample (or a split piece) across rows")
+            raise ValueError(f"{strategy} cut a sample (or a split piece) across rows")
     elif strategy == "concat":
         row_tokens = packing.row_tokens()
         if len(row_tokens) > 1 and (row_tokens[:-1] != seq_len).any():

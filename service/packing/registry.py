@@ -15,6 +15,7 @@ import numpy as np
 
 from .bfd import pack_bfd
 from .concat import pack_concat
+from .exactfit import pack_exactfit
 from .types import Layout
 
 
@@ -34,6 +35,10 @@ class Strategy:
 STRATEGIES: dict[str, Strategy] = {
     "bfd": Strategy(
         "bfd", pack_bfd, False, "whole samples, best-fit decreasing (SFT); never splits a sample"
+    ),
+    "exactfit": Strategy(
+        "exactfit", pack_exactfit, False,
+        "whole samples, rows closed exactly where the lengths allow (default); never more rows than bfd",
     ),
     "concat": Strategy(
         "concat", pack_concat, True, "concatenate and cut at row ends (pretraining); full rows"

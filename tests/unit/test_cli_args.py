@@ -21,7 +21,7 @@ def test_flags_override_the_config_file_table():
 def test_unset_flags_keep_the_dataclass_defaults():
     config = data_config_from_args(parse("a.jsonl", "--tokenizer", "t", "--seq-len", "64"))
     assert (config.strategy, config.overlong, config.format, config.strict, config.add_eos) == (
-        "bfd", "truncate", "auto", False, True)
+        "exactfit", "truncate", "auto", False, True)
 
 
 @pytest.mark.parametrize("argv, missing", [

@@ -140,9 +140,10 @@ def test_pack_rejects_bad_input(kwargs, message):
 
 
 def test_registry_lists_strategies_and_rejects_unknown():
-    assert set(STRATEGIES) == {"bfd", "concat"}
+    assert set(STRATEGIES) == {"bfd", "concat", "exactfit"}
     assert get_strategy("concat").cuts_at_row_ends
-    with pytest.raises(ValueError, match="use one of bfd, concat"):
+    assert not get_strategy("exactfit").cuts_at_row_ends
+    with pytest.raises(ValueError, match="use one of bfd, concat, exactfit"):
         get_strategy("nope")
 
 
@@ -155,7 +156,9 @@ def test_accepts_any_integer_dtype_and_lists():
 # ---------------------------------------------------------------------------------------
 # Invariants over sweeps: every strategy x policy x distribution x seq_len.
 
-SWEEP_DISTRIBUTIONS = ("chat", "sft", "flan", "code", "code_min100")
+SWEEP_DISTRIBUTIONS = (
+    "chat", "sft", "flan", "code", "code_min100", "pareto300", "docs", "uniform_l8_l2", "pareto_l10"
+)
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -164,7 +167,7 @@ def test_invariants_over_sweep(strategy, overlong):
     seen_interior_boundary = seen_overlong = seen_cut = 0
     for dist in SWEEP_DISTRIBUTIONS:
         for seq_len in (97, 512, 2048):
-            lengths = synthetic_lengths(dist, 3000, seed=seq_len)
+            lengths = synthetic_lengths(dist, 3000, seed=seq_len, seq_len=seq_len)
             p = pack(lengths, seq_len, strategy=strategy, overlong=overlong)
             check_packing(p, lengths, seq_len, strategy=strategy, overlong=overlong)
 
@@ -220,7 +223,7 @@ def test_bfd_equals_reference_on_random_inputs():
         high = int(rng.choice([2, seq_len // 3 + 2, seq_len + 1]))
         lengths = rng.integers(1, high, size=n)
         lengths = np.minimum(lengths, seq_len)
-        p = pack(lengths, seq_len)
+        p = pack(lengths, seq_len, strategy="bfd")
         assert sorted(p.row_tokens().tolist()) == reference_bfd_fills(lengths.tolist(), seq_len), case
         checked += p.num_rows
     assert checked > 1000
@@ -229,19 +232,19 @@ def test_bfd_equals_reference_on_random_inputs():
 @pytest.mark.parametrize("dist", ["sft", "code_min100"])
 def test_bfd_equals_reference_on_realistic_lengths(dist):
     lengths = np.minimum(synthetic_lengths(dist, 5000, seed=11), 1024)
-    p = pack(lengths, 1024)
+    p = pack(lengths, 1024, strategy="bfd")
     assert sorted(p.row_tokens().tolist()) == reference_bfd_fills(lengths.tolist(), 1024)
 
 
 # ---------------------------------------------------------------------------------------
-# Quality: rows <= 1.001 * ceil(tokens / seq_len) + 1.
+# Quality of bfd: rows <= 1.001 * ceil(tokens / seq_len) + 1 (exactfit: test_packing_exactfit.py).
 
 
 @pytest.mark.parametrize("dist", ["chat", "sft", "flan", "code"])
 def test_bfd_rows_near_bound(dist):
     lengths = synthetic_lengths(dist, 100_000, seed=1)
     for seq_len in (2048, 8192, 32768):
-        p = pack(lengths, seq_len)
+        p = pack(lengths, seq_len, strategy="bfd")
         bound = -(-p.num_tokens // seq_len)
         assert p.num_rows <= 1.001 * bound + 1, (dist, seq_len, p.num_rows, bound)
 
@@ -250,6 +253,6 @@ def test_bfd_quality_without_short_samples_is_a_known_limit():
     # Every sample >= 100 tokens: rows of one length keep slack no sample fits into. This
     # is the documented weak spot of BFD (bfd.py); guard it from getting worse.
     lengths = synthetic_lengths("code_min100", 100_000, seed=1)
-    p = pack(lengths, 2048)
+    p = pack(lengths, 2048, strategy="bfd")
     bound = -(-p.num_tokens // 2048)
     assert p.num_rows <= 1.01 * bound + 1
