@@ -196,9 +196,16 @@ DataConfig.inputs = property(  # type: ignore[assignment]
 
 
 def default_source_name(paths: Sequence[str]) -> str:
-    """A name from the first path: ``data/chat/`` -> chat, ``web.parquet`` -> web,
-    ``corpus/*.jsonl`` -> corpus."""
-    parts = [p for p in re.split(r"[\\/]", os.fspath(paths[0])) if p and p != "."]
+    """A name from the paths: one path ``data/chat/`` -> chat, ``web.parquet`` -> web,
+    ``corpus/*.jsonl`` -> corpus; several paths -> their common directory (``corpus/a.jsonl``
+    and ``corpus/b.jsonl`` -> corpus)."""
+    paths = [os.fspath(p) for p in paths]
+    if len(paths) > 1:
+        parents = [os.path.dirname(os.path.normpath(p)) for p in paths]
+        common = os.path.basename(os.path.commonpath(parents)) if all(parents) else ""
+        if common and not any(c in common for c in "*?["):
+            return common
+    parts = [p for p in re.split(r"[\\/]", paths[0]) if p and p != "."]
     plain = [p for p in parts if not any(c in p for c in "*?[")]
     if not plain:
         return "data"

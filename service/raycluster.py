@@ -68,6 +68,14 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         ray.init(address="auto", logging_level=logging.WARNING)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     num_cpus = num_cpus or os.cpu_count() or 1
+    extra = {}
+    if dashboard:
+        # Ray Train's placement-group cleaner finds "the" cluster through the State API; with a
+        # second Ray on this machine it cannot tell which and logs a ConnectionError. Give the
+        # dashboard a port of our own and tell every process of this Ray where it is.
+        port = _free_port()
+        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+        extra["dashboard_port"] = port
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -75,8 +83,15 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
         logging_level=logging.WARNING,
+        **extra,
     )
     return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

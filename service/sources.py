@@ -227,9 +227,11 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
                 raise ValueError(f"input {path!r}: the glob matches no supported file ({', '.join(sorted(_KIND_OF_EXT))})")
             return found
         if os.path.islink(path):
-            raise ValueError(f"input {path!r} is a broken symbolic link")
+            os.stat(path)  # raises ELOOP for a loop; a dangling link raises ENOENT below
     except OSError as e:  # ELOOP, EACCES, ...: say which input and why
         raise ValueError(f"input {path!r}: cannot read it ({e.strerror or e})") from None
+    if os.path.islink(path):
+        raise ValueError(f"input {path!r} is a broken symbolic link (its target does not exist)")
     raise ValueError(f"input {path!r} does not exist")
 
 
@@ -257,6 +259,10 @@ def _expand_dir(path: str) -> list[tuple[str, str]]:
             raise ValueError(f"input {path!r}: state.json lists no data files")
         return [(p, "arrow") for p in files]
     names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
+    for n in names:  # a data file that is a link loop or dangling link is an error, not ignored
+        full = os.path.join(path, n)
+        if os.path.splitext(n)[1].lower() in _KIND_OF_EXT and os.path.islink(full) and not os.path.exists(full):
+            _expand_one(full)
     found = [
         (os.path.join(path, n), _KIND_OF_EXT[os.path.splitext(n)[1].lower()])
         for n in names
@@ -292,11 +298,13 @@ def scan_file(path: str, kind: str, *, first_row: int = 0, stride: int = MAX_SEE
             rows = np.asarray(sorted(offsets), dtype=np.int64)
             return FileScan(path, kind, num_rows, rows, np.asarray([offsets[r] for r in rows.tolist()], np.int64))
         return FileScan(path, kind, _count_rows(path, kind))
-    except OSError as e:
-        raise ValueError(f"input {path!r}: cannot read it ({e.strerror or e})") from None
-    except Exception as e:  # pyarrow's ArrowInvalid & co: a corrupt or truncated file
-        if type(e).__module__.startswith("pyarrow"):
+    except Exception as e:
+        # pyarrow's errors (ArrowInvalid, ...; a plain OSError without errno for a truncated
+        # stream) mean a corrupt or truncated file; an OSError with an errno is the filesystem's.
+        if type(e).__module__.startswith("pyarrow") or (isinstance(e, OSError) and e.errno is None):
             raise ValueError(f"input {path!r}: not a readable {kind} file ({e}); re-export it or leave it out") from None
+        if isinstance(e, OSError):
+            raise ValueError(f"input {path!r}: cannot read it ({e.strerror or e})") from None
         raise
 
 

@@ -83,7 +83,7 @@ def select_attention(attn: str = "auto", device: Any = None) -> str:
 
 def _auto_choice(device: Any) -> tuple[str, str]:
     if device.type != "cuda":
-        return "sdpa", f"{device.type}: SDPA with the block-causal mask built from position_ids"
+        return "sdpa", "SDPA with the block-causal mask built from position_ids"
     for name in (FLASH_ATTENTION_2, FLASH_ATTENTION_4, VARLEN):
         if _why_unavailable(name, device) is None:
             return name, "first available of flash_attention_2, flash_attention_4 (SM90+), varlen"

@@ -83,13 +83,14 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
       ``ROW_SCHEMA`` (int32 token lists, int32 ``seq_lens``, int64 ``sample_ids`` and
       ``row_index``). Cost: one decode into ``datasets``' Arrow cache (``cache_dir``, else
       ``HF_DATASETS_CACHE``), then memory-mapped: RAM stays small whatever the output size.
-      Raises FileNotFoundError without part files, ValueError without ``stats.json`` (the
-      pack run did not finish: its rows are incomplete).
-    * a ``ray.data.Dataset`` of rows (``PackedStream(config).dataset``, or
+      Raises FileNotFoundError without part files, ValueError for an unfinished or failed pack
+      run (its rows are incomplete). (``load_dataset("parquet", data_dir=...)`` reads the
+      directory too: its metadata sits in the hidden ``.packfeed/``.)
+    * a ``ray.data.Dataset`` of rows (``PackingPipeline(config, plan).dataset``, or
       ``ray.data.read_parquet`` of an output directory): its blocks, in the dataset's order
-      (keep ``DataContext.execution_options.preserve_order``, ``PackedStream`` sets it), with
-      every column it has kept as is (``PackedStream`` adds ``window``, and its ``row_index``
-      counts within each window). Ray 2.60 has no ``Dataset.to_huggingface``; the blocks are
+      (keep ``DataContext.execution_options.preserve_order``, ``PackingPipeline`` sets it),
+      with ``window`` kept, the pipeline's stats-only rows and ``stats`` column left out (its
+      ``row_index`` counts within each window). Ray 2.60 has no ``Dataset.to_huggingface``; the blocks are
       pulled with ``iter_batches(batch_format="pyarrow")`` and held in memory (the whole
       dataset on the driver: for large streams write Parquet with ``packfeed pack`` first).
     """
@@ -106,11 +107,11 @@ def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
     import datasets
     from packfeed.service.arrow_rows import ROW_SCHEMA
 
-    files = sorted(path.glob("part-*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"{path} holds no part-*.parquet files: is it a `packfeed pack --output` directory?")
-    if not (path / "stats.json").exists():
-        raise ValueError(f"{path} has no stats.json: the pack run did not finish, its rows are incomplete")
+    from packfeed.service.writer import packed_dir_info, part_files
+
+    files = part_files(path)
+    if not files or packed_dir_info(path) is None:
+        raise FileNotFoundError(f"{path} holds no packed rows: is it a `packfeed pack --output` directory?")
     return datasets.Dataset.from_parquet(
         [str(f) for f in files],
         features=datasets.Features.from_arrow_schema(ROW_SCHEMA),
@@ -133,7 +134,14 @@ def _from_ray(dataset: Any) -> Any:
     from datasets.table import InMemoryTable
     from packfeed.service.arrow_rows import ROW_SCHEMA
 
-    tables = [t for t in dataset.iter_batches(batch_size=None, batch_format="pyarrow") if t.num_rows]
+    import pyarrow.compute as pc
+
+    tables = []
+    for t in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+        if "stats" in t.column_names:  # the pipeline's blocks: drop its accounting and stats-only rows
+            t = t.drop_columns(["stats"]).filter(pc.not_equal(t.column("row_index"), -1))
+        if t.num_rows:
+            tables.append(t)
     table = pa.concat_tables(tables) if tables else ROW_SCHEMA.empty_table()
     missing = [name for name in ROW_SCHEMA.names if name not in table.column_names]
     if missing:

@@ -85,12 +85,13 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
         train_loop_per_worker,
         train_loop_config={
             "run": run.to_dict(), "feeder": feeder, "output": str(output),
+            "resume_from": str(resume_from) if resume_from else None,
             "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size,
         },
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=use_gpu,
             resources_per_worker={"CPU": run.scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}),
-                                  **run.scaling.train_resources},
+                                  **run.scaling.trainer_resources},
             label_selector=placement.trainer or None,
         ),
         run_config=RayRunConfig(
@@ -98,7 +99,6 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
             checkpoint_config=CheckpointConfig(num_to_keep=run.train.keep_checkpoints),
             failure_config=FailureConfig(max_failures=run.train.max_failures),
         ),
-        resume_from_checkpoint=None if resume_from is None else ray.train.Checkpoint.from_directory(str(resume_from)),
     )
     start_step = 0 if state is None else int(state["step"])
     print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
@@ -119,6 +119,7 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
         summary["packing"]["sources"] = packing["sources"]
     final_step = json.loads((output / "final" / "packfeed_state.json").read_text())["step"]
     summary["final_step"] = final_step
+    summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
     if final_step < run.train.last_step:
         summary["stopped_early"] = (
             f"data exhausted at step {final_step} of {run.train.last_step} ({total_rows:,} rows in "

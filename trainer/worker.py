@@ -1,7 +1,8 @@
 """The per-worker training loop that Ray Train runs on every rank (``train_loop_per_worker``).
 
-It starts from ``ray.train.get_checkpoint()`` when there is one: the checkpoint of ``--resume``
-or, after a worker died and Ray Train restarted the group, the latest one reported. Each step:
+It starts from ``ray.train.get_checkpoint()`` when there is one (after a worker died and Ray
+Train restarted the group: the latest checkpoint reported), else from the checkpoint of
+``--resume`` (``config["resume_from"]``), else from scratch. Each step:
 take this rank's micro-batches of the step from the RowFeeder (the next step is already
 requested, so packing overlaps compute; padding rows already fill the last step),
 ``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP).
@@ -34,11 +35,12 @@ logger = logging.getLogger(__name__)
 
 def train_loop_per_worker(config: dict) -> None:
     """``config``: {"run": RunConfig.to_dict(), "feeder": actor handle, "output": str,
-    "pad_id": int, "vocab_size": int}."""
+    "resume_from": checkpoint dir or None, "pad_id": int, "vocab_size": int}."""
     import ray.train
     import ray.train.torch
     import torch
 
+    _quiet_worker_logs()
     run = RunConfig.from_dict(config["run"])
     train, seq_len = run.train, run.data.seq_len
     ctx = ray.train.get_context()
@@ -56,8 +58,9 @@ def train_loop_per_worker(config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
-            state = load_checkpoint(Path(directory), model=model, optimizer=optimizer, scheduler=scheduler)
-        step = int(state["step"])
+            step = int(load_checkpoint(Path(directory), model=model, optimizer=optimizer, scheduler=scheduler)["step"])
+    elif config.get("resume_from"):
+        step = int(load_checkpoint(Path(config["resume_from"]), model=model, optimizer=optimizer, scheduler=scheduler)["step"])
     ddp = ray.train.torch.prepare_model(model)
     autocast = _autocast_dtype(train.precision, device)
     fpt = flops_per_token(model, seq_len)
@@ -142,6 +145,15 @@ def _report(model: Any, optimizer: Any, scheduler: Any, feeder: Any, *, step: in
         save_checkpoint(Path(tmp), model=model, optimizer=optimizer, scheduler=scheduler, state=state)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                          checkpoint_dir_name=f"checkpoint_{step:06d}")
+
+
+def _quiet_worker_logs() -> None:
+    """Ray Train's per-step INFO lines (moving the model, wrapping it in DDP, every report) and
+    transformers' save progress bars say nothing to a packfeed user: warnings only."""
+    from transformers.utils import logging as hf_logging
+
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    hf_logging.disable_progress_bar()
 
 
 def _autocast_dtype(precision: str, device: Any) -> Any:

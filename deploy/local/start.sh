@@ -12,5 +12,6 @@ ray start --head --node-ip-address 127.0.0.1 --port "$PACKFEED_RAY_PORT" \
     --num-cpus "$PACKFEED_NUM_CPUS" --object-store-memory "$PACKFEED_OBJECT_STORE_BYTES" \
     --temp-dir "$PACKFEED_RAY_DIR/tmp" --include-dashboard true --dashboard-host 127.0.0.1 \
     --dashboard-port "$PACKFEED_DASHBOARD_PORT" --dashboard-agent-listen-port "$PACKFEED_AGENT_PORT" \
+    --ray-client-server-port "$PACKFEED_CLIENT_PORT" \
     --disable-usage-stats
 echo "cluster up: RAY_ADDRESS=$RAY_ADDRESS, jobs at $PACKFEED_JOB_ADDRESS (source deploy/local/env.sh to use it)"

@@ -3,7 +3,7 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if [ $# -eq 0 ]; then
-    ray job list --address "$PACKFEED_JOB_ADDRESS"
+    python "$(dirname "$0")/job_table.py" "$PACKFEED_JOB_ADDRESS"
 else
     ray job status --address "$PACKFEED_JOB_ADDRESS" "$1"
     ray job logs --address "$PACKFEED_JOB_ADDRESS" "$1"

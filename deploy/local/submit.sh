@@ -4,19 +4,21 @@
 #   bash deploy/local/submit.sh --config examples/train_demo.toml --output "$PWD/runs/job"
 #   PACKFEED_NO_WAIT=1 bash deploy/local/submit.sh serve service/assets/corpus/*.jsonl \
 #       --tokenizer service/assets/tokenizer --seq-len 2048 --port 50051
-# The working directory (this repository, without .venv, runs and .git) is uploaded; give
-# --output as an absolute path, since the job runs in a copy of the repository.
+# The working directory (this repository, without .venv, runs and .git) is uploaded and the job
+# runs in Ray's copy of it; relative --output / --state-dir paths are resolved against the
+# directory you run this script from (passed as $PACKFEED_SUBMIT_DIR), so outputs land there.
 set -euo pipefail
+SUBMIT_DIR="$PWD"
 source "$(dirname "$0")/env.sh"
 cd "$REPO"
 COMMAND=train
 case "${1:-}" in train|serve|pack) COMMAND=$1; shift ;; esac
-RUNTIME_ENV=$(python - <<'PY'
-import json
+RUNTIME_ENV=$(SUBMIT_DIR="$SUBMIT_DIR" python - <<'PY'
+import json, os
 print(json.dumps({
     "excludes": [".venv", "runs", ".git", "**/__pycache__"],
-    # Train workers and packing actors log at INFO (progress lines); no usage stats.
-    "env_vars": {"RAY_USAGE_STATS_ENABLED": "0"},
+    # No usage stats; where relative output paths of the job resolve to.
+    "env_vars": {"RAY_USAGE_STATS_ENABLED": "0", "PACKFEED_SUBMIT_DIR": os.environ["SUBMIT_DIR"]},
 }))
 PY
 )

@@ -35,14 +35,16 @@ def small_corpus(tmp_path):
 
 
 def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_corpus):
-    from packfeed.service.pipeline import PackedStream, Scaling
+    from packfeed.service.pipeline import PackingPipeline, Scaling
+    from packfeed.service.plan import build_plan
 
     config = DataConfig(inputs=(small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)
-    stream = PackedStream(config, scaling=Scaling(num_workers=1, cpus_per_worker=0.5))
+    plan = build_plan(config)
+    stream = PackingPipeline(config, plan, scaling=Scaling(num_workers=1, cpus_per_worker=0.5))
     dataset = packed_hf_dataset(stream.dataset)
 
-    tokenizer = SampleTokenizer(config.tokenizer)
-    expected = [(w.index, process_window(w, tokenizer, config)[0]) for w in stream.windows]
+    tokenizers = {"auto": SampleTokenizer(config.tokenizer)}
+    expected = [(k, process_window(plan.window(k), tokenizers, config, plan)[0]) for k in stream.windows]
     assert len(expected) == 4
     assert dataset.column_names == ["input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index", "window"]
     assert len(dataset) == sum(rows.num_rows for _, rows in expected)

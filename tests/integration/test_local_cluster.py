@@ -1,10 +1,12 @@
 """A real `ray start` cluster on 127.0.0.1, started and stopped by the deploy/local scripts.
 
-`packfeed pack --address` joins it instead of starting its own Ray, and a short training run
+`packfeed pack --address` joins it instead of starting its own Ray; `packfeed pack` submitted
+as a Ray job with a relative --output writes where it was submitted from; a short training run
 submitted with `ray job submit` (deploy/local/submit.sh) succeeds and writes a model that
 loads with `from_pretrained`; `packfeed serve` submitted the same way streams every sample to
-a client. Token authentication (on by default in Ray 2.60) is on. Another
-Ray (the session's embedded one) runs on this machine at the same time, as on a shared box.
+a client; status.sh prints a table; stop.sh leaves no process of the cluster and no port
+listening. Token authentication (on by default in Ray 2.60) is on. Another Ray (the session's
+embedded one) runs on this machine at the same time, as on a shared box.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,6 +47,7 @@ def cluster_env():
         "PACKFEED_RAY_PORT": str(_free_port()),
         "PACKFEED_DASHBOARD_PORT": str(_free_port()),
         "PACKFEED_AGENT_PORT": str(_free_port()),
+        "PACKFEED_CLIENT_PORT": str(_free_port()),
         "PACKFEED_NUM_CPUS": "2",
     }
     env.pop("RAY_ADDRESS", None)
@@ -66,8 +70,20 @@ def test_pack_joins_the_running_cluster(cluster_env, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"joined the cluster at {address}" in proc.stderr
-    stats = json.loads((tmp_path / "out" / "stats.json").read_text())
+    stats = json.loads((tmp_path / "out" / ".packfeed" / "stats.json").read_text())
     assert stats["samples_packed"] == stats["samples_read"] == 7500
+
+
+def test_a_relative_output_of_a_job_lands_where_it_was_submitted(cluster_env, tmp_path):
+    """Issue: `submit.sh pack ... --output runs/job-pack` wrote into Ray's copy of the working dir."""
+    proc = subprocess.run(
+        ["bash", str(LOCAL / "submit.sh"), "pack", *demo_corpus_paths(), "--tokenizer", demo_tokenizer_path(),
+         "--seq-len", "512", "--output", "runs/job-pack"],
+        env=cluster_env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    stats = json.loads((tmp_path / "runs" / "job-pack" / ".packfeed" / "stats.json").read_text())
+    assert stats["samples_packed"] == 7500
 
 
 def test_ray_job_submit_trains_and_writes_the_model(cluster_env, tmp_path):
@@ -110,5 +126,35 @@ def test_serve_runs_as_a_ray_job_and_streams_every_sample(cluster_env, tmp_path)
         logs = subprocess.run([ray_cli, "job", "logs", *address, job_id], env=cluster_env, capture_output=True,
                               text=True, timeout=60).stdout
         assert "joined the cluster" in logs, logs[-3000:]
+        status = subprocess.run(["bash", str(LOCAL / "status.sh")], env=cluster_env, capture_output=True, text=True,
+                                timeout=60)
+        lines = status.stdout.splitlines()
+        assert lines[0].split() == ["id", "status", "entrypoint", "start", "duration"], status.stdout
+        row = next(line for line in lines if line.startswith(job_id))
+        assert "RUNNING" in row and "packfeed serve" in row and len(row) < 200
     finally:
         subprocess.run([ray_cli, "job", "stop", *address, job_id], env=cluster_env, capture_output=True, timeout=120)
+
+
+def test_stop_leaves_no_process_of_the_cluster_and_frees_its_ports(cluster_env):
+    """Issue: stop.sh left the Ray client server and a DashboardAgent listening (last test: it
+    stops the module's cluster; the fixture's own stop then finds nothing)."""
+    import psutil
+
+    ray_dir = cluster_env["PACKFEED_RAY_DIR"]
+    sys.path.insert(0, str(LOCAL))
+    try:
+        from stop_cluster import cluster_processes
+    finally:
+        sys.path.remove(str(LOCAL))
+    before = cluster_processes(f"{ray_dir}/tmp")
+    names = " ".join(" ".join(p.cmdline()) for p in before)
+    assert "ray.util.client.server" in names and any(p.name().startswith("ray::") or "agent" in " ".join(p.cmdline()).lower()
+                                                    for p in before), "the cluster's client server and agents are found"
+    proc = subprocess.run(["bash", str(LOCAL / "stop.sh")], env=cluster_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "its ports are free" in proc.stdout, proc.stdout + proc.stderr
+    assert not [p for p in before if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    ports = {int(cluster_env[k]) for k in ("PACKFEED_RAY_PORT", "PACKFEED_DASHBOARD_PORT", "PACKFEED_AGENT_PORT",
+                                          "PACKFEED_CLIENT_PORT")}
+    listening = {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    assert not ports & listening

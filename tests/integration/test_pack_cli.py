@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,7 +116,7 @@ def _pack(inputs, out: Path, *extra: str) -> dict:
     argv = ["pack", *inputs, "--tokenizer", demo_tokenizer_path(), "--seq-len", str(SEQ_LEN),
             "--output", str(out), "--validate", *extra]
     assert main(argv) == 0
-    return json.loads((out / "stats.json").read_text())
+    return json.loads((out / ".packfeed" / "stats.json").read_text())
 
 
 def _expected_tokens(tok, record: dict) -> list[int]:
@@ -138,7 +139,7 @@ def test_every_good_sample_exactly_once_with_exact_tokens_and_masks(ray_cluster,
 
     by_sample = segments_by_sample(rows)
     assert sorted(by_sample) == sorted(good), "every good sample exactly once, no bad one"
-    assert all(len(segs) == 1 for segs in by_sample.values()), "bfd never splits a sample"
+    assert all(len(segs) == 1 for segs in by_sample.values()), "whole-sample packing never splits a sample"
 
     tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
     eos = tok.convert_ids_to_tokens(tok.eos_token_id)
@@ -194,7 +195,8 @@ def test_strict_mode_names_file_and_row(ray_cluster, corpus, tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "chat.jsonl" in err and "row 7" in err, err
-    assert not (tmp_path / "strict" / "stats.json").exists()
+    assert not (tmp_path / "strict" / ".packfeed" / "stats.json").exists()
+    assert err.strip().splitlines()[-1].startswith("packfeed pack: error: ") and "Traceback" not in err
 
 
 def test_streamed_efficiency_within_bound(ray_cluster, tmp_path):
@@ -215,12 +217,73 @@ def test_readme_main_command_runs_embedded_ray_in_a_subprocess(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "packfeed.service.cli", "pack", *demo_corpus_paths(),
-         "--tokenizer", demo_tokenizer_path(), "--seq-len", "2048", "--output", str(out)],
+         "--tokenizer", demo_tokenizer_path(), "--seq-len", "2048", "--output", str(out), "--progress-seconds", "1"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads((out / ".packfeed" / "stats.json").read_text())
     assert stats["samples_packed"] == 7500 and stats["skipped_total"] == 0
-    assert stats["rows"] <= 1.002 * stats["bound_rows"] + stats["num_workers"], stats
+    assert stats["windows"] >= 2 * stats["num_workers"], "small data still gives every worker windows"
+    assert stats["rows"] <= 1.002 * stats["bound_rows"] + stats["windows"], stats
+    assert stats["steady_tokens_per_second"] > 0
     assert "Ray: started an embedded local Ray" in proc.stderr
     assert "efficiency" in proc.stdout
+    # the detected format of each input, and progress lines (no TTY here: lines, not a bar)
+    for name, fmt in (("chat.jsonl", "messages"), ("instruct.jsonl", "prompt_completion"), ("stories.jsonl", "text")):
+        assert re.search(rf"{name}: [\d,]+ rows; first 20: {fmt} 20", proc.stderr), proc.stderr
+    assert re.search(r"packfeed pack: [\d,]+/7,500 samples \(\d+%\), [\d,]+ rows, .* tokens/s, efficiency", proc.stderr)
+    noise = [line for line in proc.stderr.splitlines() if "Token authentication is enabled" in line
+             or "Progress bars disabled" in line or "Starting execution of Dataset" in line]
+    assert not noise, noise
+
+
+# ---- runs that must not count as a success ---------------------------------------------------
+CHAT_OK = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+NO_ANSWER = {"messages": [{"role": "user", "content": "only a question"}]}  # parses, trains nothing
+
+
+def _write(path: Path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_a_mixed_format_file_packs_every_sample(ray_cluster, tmp_path):
+    """Issue: one messages row then prompt/completion and text rows packed 1 of 6, exit 0."""
+    rows = [CHAT_OK, {"prompt": "Q: one?", "completion": " one"}, {"text": "a story"},
+            {"prompt": "Q: two?", "completion": " two"}, {"text": "another story"}, CHAT_OK]
+    stats = _pack([_write(tmp_path / "mixed.jsonl", rows)], tmp_path / "out")
+    assert (stats["samples_read"], stats["samples_packed"], stats["skipped_total"]) == (6, 6, 0)
+    assert stats["formats"] == {"messages": 2, "prompt_completion": 2, "text": 2}
+
+
+def test_a_run_that_packs_nothing_fails_with_the_reason(ray_cluster, tmp_path, capsys):
+    path = _write(tmp_path / "questions.jsonl", [NO_ANSWER] * 30)  # valid records the tokenizer cannot train
+    code = main(["pack", path, "--tokenizer", demo_tokenizer_path(), "--seq-len", str(SEQ_LEN),
+                 "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "nothing was packed: 30 samples read, all skipped or dropped (no_trained_tokens 30)" in err
+    stats = json.loads((tmp_path / "out" / ".packfeed" / "stats.json").read_text())
+    assert stats["status"].startswith("failed: nothing was packed")
+
+
+def test_max_skip_fraction_fails_a_mostly_bad_run(ray_cluster, tmp_path, capsys):
+    path = _write(tmp_path / "half.jsonl", [CHAT_OK, NO_ANSWER] * 20)
+    args = ["pack", path, "--tokenizer", demo_tokenizer_path(), "--seq-len", str(SEQ_LEN)]
+    assert main([*args, "--output", str(tmp_path / "a"), "--max-skip-fraction", "0.6"]) == 0
+    code = main([*args, "--output", str(tmp_path / "b"), "--max-skip-fraction", "0.25"])
+    err = capsys.readouterr().err
+    assert code == 2 and "20 of 40 samples were skipped (50.0%), more than --max-skip-fraction 0.25" in err
+
+
+def test_a_source_that_delivers_nothing_is_named(ray_cluster, tmp_path, capsys):
+    good, bad = _write(tmp_path / "good.jsonl", [CHAT_OK] * 20), _write(tmp_path / "bad.jsonl", [NO_ANSWER] * 10)
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{demo_tokenizer_path()}"\nseq_len = {SEQ_LEN}\n'
+                   f'[[data.sources]]\nname = "good"\npaths = ["{good}"]\n'
+                   f'[[data.sources]]\nname = "questions"\npaths = ["{bad}"]\nrepeat = 2.0\n')
+    code = main(["pack", "--config", str(cfg), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "source(s) ['questions'] delivered no sample" in err
+    stats = json.loads((tmp_path / "out" / ".packfeed" / "stats.json").read_text())
+    questions = next(s for s in stats["sources"] if s["name"] == "questions")
+    assert (questions["samples_read"], questions["skipped"]) == (20, {"no_trained_tokens": 20})

@@ -1,14 +1,28 @@
-"""Ray Train end to end on a real local Ray (2 CPUs): training, checkpoints, exact resume.
+"""Ray Train end to end on a real local Ray (2 CPUs): checkpoints, exact resume, a worker
+SIGKILLed mid-run, another world size, data running out.
 
-A run interrupted after 3 steps (``stop_at_step``) and resumed with ``resume=True`` must train
-on exactly the rows an uninterrupted 6-step run trains on (same sample ids, same step, same
-rank) and reach the same losses; the final model loads with ``from_pretrained``.
+One uninterrupted 6-step run is the reference. Against it, per (step, rank), the global row
+indices trained and the loss (fp32 CPU, to 1e-5):
+
+* a run stopped after 3 steps and resumed with ``resume=True``;
+* a run whose train worker is SIGKILLed after step 4: Ray Train restarts the worker group by
+  itself from the step-3 checkpoint (``[train] max_failures``), and the feeder serves the
+  restarted ranks the same rows;
+* the stopped run resumed with ONE worker (another world size) and more steps than the data
+  holds: every row of the stream is trained exactly once over both runs, and the summary says
+  ``stopped_early``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import os
+import shutil
+import signal
+import threading
+import time
 
 import pytest
 
@@ -20,62 +34,148 @@ from packfeed.trainer.metrics import read_jsonl
 
 pytestmark = pytest.mark.integration
 
-STEPS, INTERRUPT = 6, 3
-RUN = RunConfig(
-    # Windows of 400 samples: the interruption falls inside a window, so resuming must skip
-    # whole windows and then rows inside one.
-    data=DataConfig(inputs=tuple(demo_corpus_paths()), tokenizer=demo_tokenizer_path(), seq_len=256,
-                    window_samples=400),
-    model=ModelConfig(name="tiny-llama", attn="sdpa"),
-    train=TrainConfig(max_steps=STEPS, micro_batch_rows=2, grad_accum=2, log_every=2, checkpoint_every=INTERRUPT,
-                      lr=3e-3, warmup_steps=2, record_rows=True),
-    scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing_workers=1, packing_cpus_per_worker=0.5),
-)
+STEPS, INTERRUPT, KILL_AFTER = 6, 3, 4
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> list[str]:
+    """The first 100 lines of each bundled file: ~100 rows of 256 tokens, so data can run out."""
+    root = tmp_path_factory.mktemp("corpus")
+    paths = []
+    for source in demo_corpus_paths():
+        path = root / os.path.basename(source)
+        with open(source) as f:
+            path.write_text("".join(itertools.islice(f, 100)))
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def run_config(small_corpus) -> RunConfig:
+    # Windows of 64 samples: a resume point falls inside a window.
+    return RunConfig(
+        data=DataConfig(inputs=tuple(small_corpus), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64),
+        model=ModelConfig(name="tiny-llama", attn="sdpa"),
+        train=TrainConfig(max_steps=STEPS, micro_batch_rows=2, grad_accum=2, log_every=2, checkpoint_every=INTERRUPT,
+                          lr=3e-3, warmup_steps=2, record_rows=True, max_failures=1),
+        scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing_workers=1, packing_cpus_per_worker=0.5),
+    )
 
 
 def rows_seen(output) -> dict[tuple[int, int], tuple[list[int], float]]:
-    seen = {}
+    """(step, rank) -> (row indices, loss); a step trained twice (before and after a restart)
+    must have trained the same rows to the same loss both times."""
+    seen: dict[tuple[int, int], tuple[list[int], float]] = {}
     for path in sorted((output / "rows").glob("rank*.jsonl")):
         for rec in read_jsonl(path):
-            seen[(rec["step"], rec["rank"])] = (rec["sample_ids"], rec["loss"])
+            key, value = (rec["step"], rec["rank"]), (rec["row_index"], rec["loss"])
+            if key in seen:
+                assert seen[key][0] == value[0] and seen[key][1] == pytest.approx(value[1], rel=1e-5), key
+            seen[key] = value
     return seen
 
 
-def test_resumed_run_sees_the_same_rows_as_an_uninterrupted_one(ray_cluster, tmp_path):
+def assert_same_training(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b) == [(s, r) for s in range(1, STEPS + 1) for r in range(2)]
+    for key in a:
+        assert a[key][0] == b[key][0], f"step/rank {key} trained on other rows"
+        assert a[key][1] == pytest.approx(b[key][1], rel=1e-5), f"step {key}: another loss"
+
+
+@pytest.fixture(scope="module")
+def straight(ray_cluster, run_config, tmp_path_factory):
+    from packfeed.trainer.run import train
+
+    output = tmp_path_factory.mktemp("straight")
+    summary = train(run_config, output=output)
+    assert summary["steps"] == STEPS and "stopped_early" not in summary
+    return output
+
+
+@pytest.fixture(scope="module")
+def interrupted(ray_cluster, run_config, tmp_path_factory):
+    """A run stopped after INTERRUPT steps (a planned interruption); tests resume copies of it."""
+    from packfeed.trainer.run import train
+
+    output = tmp_path_factory.mktemp("interrupted")
+    train(dataclasses.replace(run_config, train=dataclasses.replace(run_config.train, stop_at_step=INTERRUPT)),
+          output=output)
+    return output
+
+
+def copy_run(src, dst):
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
+def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, interrupted, run_config, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from packfeed.trainer.run import train
 
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    summary = train(RUN, output=straight)
-    assert summary["steps"] == STEPS
-
-    stopped = dataclasses.replace(RUN, train=dataclasses.replace(RUN.train, stop_at_step=INTERRUPT))
-    train(stopped, output=interrupted)
-    checkpoint = latest_checkpoint(interrupted)
-    state = read_state(checkpoint)
+    copy_run(interrupted, tmp_path)
+    state = read_state(latest_checkpoint(tmp_path))
     assert state["step"] == INTERRUPT
-    assert state["data_position"]["rows"] > 0, "the interruption should fall inside a window"
+    assert set(state["stream"]) == {"version", "cursor", "step", "config_hash", "seq_len"}, "the client's format"
+    assert state["stream"]["cursor"] == INTERRUPT * 2 * 4 and state["manifest"]["first_row"]
     with pytest.raises(ValueError, match="--resume"):
-        train(RUN, output=interrupted)
-    train(RUN, output=interrupted, resume=True)
+        train(run_config, output=tmp_path)
+    train(run_config, output=tmp_path, resume=True)
+    assert_same_training(rows_seen(straight), rows_seen(tmp_path))
+    all_rows = [i for rows, _ in rows_seen(straight).values() for i in rows]
+    assert len(all_rows) == len(set(all_rows)) > 0, "no row is trained twice"
 
-    a, b = rows_seen(straight), rows_seen(interrupted)
-    assert sorted(a) == sorted(b) == [(s, r) for s in range(1, STEPS + 1) for r in range(2)]
-    for key in a:
-        assert a[key][0] == b[key][0], f"step/rank {key} trained on other samples after resume"
-        assert a[key][1] == pytest.approx(b[key][1], rel=1e-5), f"step {key}: loss differs after resume"
-    all_ids = [i for ids, _ in a.values() for i in ids]
-    assert len(all_ids) == len(set(all_ids)) > 0, "no sample may be trained twice"
-
-    # Outputs of a run: metrics, curve, summary, a final model that loads.
-    for output in (straight, interrupted):
+    for output in (straight, tmp_path):  # outputs of a run: metrics, curve, summary, a model that loads
         assert (output / "loss.png").stat().st_size > 0
-        records = read_jsonl(output / "metrics.jsonl")
-        assert {"loss", "lr", "tokens_per_s", "fill", "data_wait", "mfu"} <= set(records[-1])
+        assert {"loss", "lr", "tokens_per_s", "fill", "data_wait", "mfu"} <= set(read_jsonl(output / "metrics.jsonl")[-1])
         assert json.loads((output / "summary.json").read_text())["steps"] == STEPS
     model = AutoModelForCausalLM.from_pretrained(straight / "final")
-    tokenizer = AutoTokenizer.from_pretrained(straight / "final")
-    assert model.get_input_embeddings().num_embeddings == len(tokenizer)
-    losses = [r["loss"] for r in read_jsonl(straight / "metrics.jsonl")]
-    assert losses[-1] < losses[0]
+    assert model.get_input_embeddings().num_embeddings == len(AutoTokenizer.from_pretrained(straight / "final"))
+
+
+def test_a_worker_killed_mid_run_is_restarted_and_trains_the_same_rows(straight, run_config, tmp_path):
+    """Issue: train survives a worker crash. Rank 1 is SIGKILLed once it has finished step 4;
+    Ray Train restarts the group from the step-3 checkpoint without help."""
+    from packfeed.trainer.run import train
+
+    killed: list[int] = []
+
+    def killer() -> None:
+        path = tmp_path / "rows" / "rank1.jsonl"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            for rec in read_jsonl(path) if path.exists() else []:
+                if rec["step"] >= KILL_AFTER:
+                    os.kill(rec["pid"], signal.SIGKILL)
+                    killed.append(rec["pid"])
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    summary = train(run_config, output=tmp_path)
+    thread.join(5)
+    assert killed, "the worker was never killed: the test did not exercise a crash"
+    pids = {rec["pid"] for rec in read_jsonl(tmp_path / "rows" / "rank1.jsonl")}
+    assert len(pids) == 2, "rank 1 ran in a second process after the kill (the group was restarted)"
+    assert summary["steps"] == STEPS
+    assert_same_training(rows_seen(straight), rows_seen(tmp_path))
+
+
+def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(interrupted, run_config, tmp_path):
+    from packfeed.trainer.run import train
+
+    copy_run(interrupted, tmp_path)
+    before = [i for rows, _ in rows_seen(tmp_path).values() for i in rows]
+    one_worker = dataclasses.replace(
+        run_config, train=dataclasses.replace(run_config.train, max_steps=200),
+        scaling=dataclasses.replace(run_config.scaling, num_workers=1, cpus_per_worker=1.0),
+    )
+    summary = train(one_worker, output=tmp_path, resume=True)
+    assert "data exhausted at step" in summary["stopped_early"] and "of 200" in summary["stopped_early"]
+    records = [rec for rec in read_jsonl(tmp_path / "rows" / "rank0.jsonl") if rec["step"] > INTERRUPT]
+    after = [i for rec in records for i in rec["row_index"]]
+    total = json.loads((tmp_path / "summary.json").read_text())["stream_rows"]
+    real = sorted(i for i in before + after if i < total)
+    assert real == list(range(total)), "every row of the stream exactly once across both world sizes"
+    assert all(i >= total for i in before + after if i not in set(real)), "padding rows only past the end"

@@ -24,7 +24,7 @@ from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import ROW_COLUMNS, PackedRows, check_rows
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.config import DataConfig
-from packfeed.service.sources import plan_windows
+from packfeed.service.plan import build_plan
 from packfeed.service.tokenize import SampleTokenizer
 from packfeed.service.window import process_window
 from packfeed.service.writer import ParquetRowWriter, read_packed_dir
@@ -50,20 +50,20 @@ def packed_dir(tmp_path_factory, tokenizer):
     """A `packfeed pack`-style output of the first windows of the bundled corpus (all formats)."""
     config = DataConfig(
         inputs=tuple(demo_corpus_paths()), tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN,
-        window_samples=WINDOW_SAMPLES,
+        window_samples=WINDOW_SAMPLES, block_samples=0,  # file order: one window per input kind below
     )
-    windows = plan_windows(config.inputs, window_samples=WINDOW_SAMPLES, format=config.format)
+    plan = build_plan(config)
     # One window of each input file: chat, instruct (prompt/completion) and stories (text).
-    picked = [windows[0], windows[len(windows) // 2], windows[-1]]  # ~25 rows
-    sample_tokenizer = SampleTokenizer(tokenizer)
-    out = tmp_path_factory.mktemp("packed")
-    writer = ParquetRowWriter(out, seq_len=SEQ_LEN)
+    picked = [0, plan.num_windows // 2, plan.num_windows - 1]  # ~25 rows
+    tokenizers = {"auto": SampleTokenizer(tokenizer)}
+    out = tmp_path_factory.mktemp("packed") / "out"
+    writer = ParquetRowWriter(out, seq_len=SEQ_LEN, config_hash=config.config_hash())
     first = 0
-    for spec in picked:
-        rows, _ = process_window(spec, sample_tokenizer, config)
+    for k in picked:
+        rows, _ = process_window(plan.window(k), tokenizers, config, plan)
         writer.write(_renumbered(rows, first))
         first += rows.num_rows
-    writer.close(config=config.to_dict(), stats={"rows": first})
+    writer.close(config={"data": config.to_dict(), "config_hash": config.config_hash()}, stats={"rows": first})
     return out
 
 
@@ -94,9 +94,10 @@ def test_packed_hf_dataset_keeps_every_row_and_column(packed_dir, tmp_path):
 
 def test_packed_hf_dataset_refuses_unfinished_output(packed_dir, tmp_path):
     partial = tmp_path / "partial"
-    partial.mkdir()
+    (partial / ".packfeed").mkdir(parents=True)
     (partial / "part-00000.parquet").write_bytes((packed_dir / "part-00000.parquet").read_bytes())
-    with pytest.raises(ValueError, match="stats.json"):
+    (partial / ".packfeed" / "config.json").write_text((packed_dir / ".packfeed" / "config.json").read_text())
+    with pytest.raises(ValueError, match="unfinished or failed packfeed output"):
         packed_hf_dataset(partial, cache_dir=tmp_path / "cache")
     with pytest.raises(FileNotFoundError):
         packed_hf_dataset(tmp_path / "cache", cache_dir=tmp_path / "cache")

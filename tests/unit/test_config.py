@@ -105,3 +105,17 @@ def test_bad_mixtures_are_value_errors_naming_the_source_and_the_fix(sources, ex
 def test_seq_len_is_bounded_and_says_so():
     with pytest.raises(ValueError, match="seq_len must be at most 1,048,576"):
         DataConfig(**{**BASE, "seq_len": 1_000_000_000_000})
+
+
+@pytest.mark.parametrize("paths, name", [
+    pytest.param(["data/chat/"], "chat", id="directory"),
+    pytest.param(["data/web.parquet"], "web", id="file"),
+    pytest.param(["data/corpus/*.jsonl"], "corpus", id="glob"),
+    pytest.param(["corpus/a.jsonl", "corpus/b.jsonl"], "corpus", id="several-files"),
+    pytest.param(["a/x.jsonl", "b/y.jsonl"], "x", id="no-common-directory"),
+    pytest.param(["*.jsonl"], "data", id="bare-glob"),
+])
+def test_default_source_names(paths, name):
+    from packfeed.service.config import default_source_name
+
+    assert default_source_name(paths) == name

@@ -1,0 +1,148 @@
+"""A user's mistake is one line naming the input and the fix, exit status 2, no traceback, and
+Ray never starts (the unit conftest makes ``ray.init`` fail loudly). Each case is a mistake an
+adversarial run made into a raw traceback before (issue: "Errors a person can read")."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+
+from packfeed.service.assets import demo_tokenizer_path
+from packfeed.service.cli import main
+from packfeed.service.errors import root_cause, user_message
+
+TOK = demo_tokenizer_path()
+
+
+def run(capsys, *argv) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def one_line_error(err: str, command: str = "pack") -> str:
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"packfeed {command}: error: "), err
+    return last
+
+
+@pytest.fixture
+def good(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(5)))
+    return str(path)
+
+
+def test_a_huge_seq_len_is_bounded(capsys, good, tmp_path):
+    code, err = run(capsys, "pack", good, "--tokenizer", TOK, "--seq-len", "1000000000000", "--output", str(tmp_path / "o"))
+    assert code == 2 and "seq_len must be at most 1,048,576" in one_line_error(err)
+
+
+def test_a_symlink_loop_input_is_named(capsys, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    code, err = run(capsys, "pack", str(loop), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and str(loop) in line and "symbolic links" in line
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    (directory / "self.jsonl").symlink_to(directory / "self.jsonl")  # a loop inside a directory
+    code, err = run(capsys, "pack", str(directory), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and "self.jsonl" in line and "symbolic links" in line
+
+
+def test_a_read_only_output_location_is_named(capsys, good):
+    code, err = run(capsys, "pack", good, "--tokenizer", TOK, "--seq-len", "64", "--output", "/sys/packfeed-out")
+    assert code == 2 and "/sys/packfeed-out" in one_line_error(err)
+
+
+def test_a_corrupt_tokenizer_json_is_named(capsys, good, tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{ not json")
+    (tok / "tokenizer_config.json").write_text("{}")
+    code, err = run(capsys, "pack", good, "--tokenizer", str(tok), "--seq-len", "64", "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and f"tokenizer {str(tok)!r}: cannot load it" in line
+
+
+def test_a_typo_in_the_tokenizer_path_is_named(capsys, good, tmp_path):
+    code, err = run(capsys, "pack", good, "--tokenizer", "service/assets/tokenizr", "--seq-len", "64",
+                    "--output", str(tmp_path / "o"))
+    assert code == 2 and "'service/assets/tokenizr' does not exist" in one_line_error(err)
+
+
+@pytest.mark.parametrize("kind", ["arrow-stream", "parquet"])
+def test_a_truncated_or_corrupt_columnar_file_is_named(capsys, tmp_path, kind):
+    table = pa.table({"text": [f"doc {i}" for i in range(1000)]})
+    if kind == "arrow-stream":
+        path = tmp_path / "d.arrow"
+        with pa.ipc.new_stream(str(path), table.schema) as w:
+            for b in table.to_batches(max_chunksize=100):
+                w.write_batch(b)
+        path.write_bytes(path.read_bytes()[: os.path.getsize(path) // 2])  # truncated mid-stream
+    else:
+        path = tmp_path / "d.parquet"
+        path.write_bytes(b"PAR1" + os.urandom(300))  # garbage with a Parquet magic
+    code, err = run(capsys, "pack", str(path), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and str(path) in line and "re-export it or leave it out" in line
+
+
+def test_a_config_file_with_a_syntax_error_is_named(capsys, tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[data\nseq_len = 3")
+    code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"))
+    assert code == 2 and f"--config {cfg}: not valid TOML" in one_line_error(err)
+
+
+def test_a_format_that_fits_no_row_fails_before_ray_with_the_fix(capsys, good, tmp_path):
+    """Issue: `--format messages` on a text file packed nothing and exited 0."""
+    code, err = run(capsys, "pack", good, "--tokenizer", TOK, "--seq-len", "64", "--format", "messages",
+                    "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and "none of the first 5 rows" in line and "missing_field 5" in line
+    assert "these rows are text: drop --format" in line
+
+
+def test_a_bad_mixture_in_the_config_fails_naming_the_source(capsys, good, tmp_path):
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\n[[data.sources]]\nname = "web"\npaths = ["{good}"]\n'
+                   'weight = -1\n')
+    code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"))
+    assert code == 2 and "source 'web': weight must be a finite number > 0" in one_line_error(err)
+
+
+def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
+    code, err = run(capsys, "pack", str(tmp_path), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path),
+                    "--overwrite")
+    assert code == 2 and "contains the input" in one_line_error(err)
+
+
+def test_debug_shows_the_traceback_of_a_user_error(capsys, good, tmp_path):
+    with pytest.raises(ValueError, match="seq_len must be at most"):
+        main(["--debug", "pack", good, "--tokenizer", TOK, "--seq-len", str(10**12), "--output", str(tmp_path / "o")])
+
+
+def test_version_and_bugs_keep_their_traceback(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("packfeed ")
+    assert user_message(KeyError("x")) is None and user_message(RuntimeError("x")) is None
+    assert user_message(ValueError("bad\n value")) == "bad value"
+    assert user_message(FileNotFoundError(2, "No such file or directory", "a.jsonl")).endswith("'a.jsonl'")
+
+
+def test_root_cause_unwraps_ray_style_wrappers():
+    class TaskError(Exception):
+        def __init__(self, cause):
+            super().__init__("wrapper")
+            self.cause = cause
+
+    inner = ValueError("the data's error")
+    assert root_cause(TaskError(TaskError(inner))) is inner
+    assert user_message(TaskError(inner)) == "the data's error"
