@@ -24,7 +24,7 @@ from typing import Any
 
 from packfeed.service.commands.args import HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
-from packfeed.service.raycluster import prepare_ray_env
+from packfeed.service.raycluster import Terminated, prepare_ray_env, shutdown_ray
 
 GROUP = "packfeed.commands"
 
@@ -64,14 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except KeyboardInterrupt:
-        print(f"packfeed {args.command}: interrupted", file=sys.stderr)
+        print(f"packfeed {args.command}: interrupted", file=sys.stderr, flush=True)
         return 130
+    except Terminated:
+        print(f"packfeed {args.command}: stopped by SIGTERM", file=sys.stderr, flush=True)
+        return 143
     except Exception as exc:
         message = user_message(exc)
         if message is None or args.debug:
             raise
         print(f"packfeed {args.command}: error: {message}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
+    finally:
+        shutdown_ray()  # in order, before the interpreter's exit hooks run
 
 
 if __name__ == "__main__":

@@ -9,6 +9,12 @@
   the driver's environment, and the serve token must not travel with them.
 * ``quiet_ray()`` turns down what Ray prints on every run that says nothing to a packfeed user
   (Ray Data's execution plan lines and its progress-bar notice).
+* Shutdown in order. ``ray.init`` makes SIGTERM call ``sys.exit`` and leaves the teardown to
+  Ray's atexit hook, while Ray Data's executor and prefetch threads may still be running; a
+  thread that touches Ray after its core worker is gone aborts the process ("The core worker
+  has already been shutdown", exit 1) and leaves Ray's processes behind. So ``init_ray``
+  replaces that handler with one that raises ``Terminated`` in the main thread, and
+  ``shutdown_ray()`` first waits for Ray Data's threads to end, then shuts Ray down.
 
 Measured with Ray 2.60: gcs_server and raylet listen on every interface whatever
 ``node_ip_address`` says (``ray.init`` maps 127.0.0.1 to the machine's address, ``ray start
@@ -21,10 +27,39 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import time
 
 TOKEN_ENV = "PACKFEED_AUTH_TOKEN"
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (raised in the main thread; the CLI exits 143 after shutting Ray down)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def shutdown_ray(timeout: float = 60.0) -> None:
+    """Shut this process's Ray down in order: Ray Data's executor threads finish first (they
+    were told to stop when their iterator closed, and Ray Data waits for them only 2 s), its
+    prefetchers stop (they stop when collected), then ``ray.shutdown()``. No-op without Ray."""
+    import gc
+    import sys
+    import threading
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("StreamingExecutor") and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()
+    ray.shutdown()
 
 
 def prepare_ray_env() -> None:
@@ -63,9 +98,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address and address not in ("local", "auto"):
         check_reachable(address)
         ray.init(address=address, logging_level=logging.WARNING)
+        _own_sigterm()
         return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     if address == "auto":
         ray.init(address="auto", logging_level=logging.WARNING)
+        _own_sigterm()
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     num_cpus = num_cpus or os.cpu_count() or 1
     extra = {}
@@ -85,7 +122,16 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         logging_level=logging.WARNING,
         **extra,
     )
+    _own_sigterm()
     return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
+
+
+def _own_sigterm() -> None:
+    """Replace ray.init's SIGTERM handler (sys.exit, teardown in atexit) with ours."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _free_port() -> int:

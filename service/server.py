@@ -285,6 +285,8 @@ def port_problem(host: str, port: int) -> str | None:
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        # As gRPC binds: connections of a previous server in TIME_WAIT do not block, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host.strip("[]"), port))
         except OSError as e:

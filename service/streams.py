@@ -4,8 +4,9 @@ Two kinds, one interface (``StreamSource``), so ``packfeed serve`` and ``packfee
 either the same way:
 
 * ``pipeline_source``: the PackingPipeline of a data config (packing actors on Ray). The main
-  reader is a pipeline from a window on; the catch-up path (far consumers, see hub.py) is one
-  extra packing actor, started on first use, that packs single windows on request.
+  reader is a pipeline from a window on; the catch-up path (far consumers, see hub.py) packs
+  single windows on request in this process, with the tokenizer the driver loaded anyway (one
+  tokenizer thread; no actor to start: a peek costs one window's packing and nothing else).
 * ``packed_dir_source``: a finished ``packfeed pack`` directory, served as it is (pack once,
   train many). Its windows are the Parquet row groups; their first rows are known from the
   metadata, so any cursor is reached at once and no Ray is needed.
@@ -76,13 +77,17 @@ class StreamSource:
 
 def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> StreamSource:
     """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
-    SampleTokenizer (pad id, vocabulary); ``scaling``: the packing actors' Scaling."""
-    import ray
-
-    from packfeed.service.pipeline import PackingPipeline, WindowActor, new_run_stats, table_outputs
+    SampleTokenizer (pad id, vocabulary, and the catch-up path's packing); ``scaling``: the
+    packing actors' Scaling."""
+    from packfeed.service.pipeline import PackingPipeline, new_run_stats
+    from packfeed.service.tokenize import SampleTokenizer
+    from packfeed.service.window import process_window
 
     stats = new_run_stats(plan)
-    catchup: dict[str, Any] = {}
+    tokenizers = {
+        loss: SampleTokenizer(tokenizer.tokenizer, loss=loss, add_eos=config.add_eos, strict=config.strict)
+        for loss in {s.loss for s in plan.sources}
+    }
 
     def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
         logger.info("packing from window %d of %d (row %s)", window, plan.num_windows, f"{first_row:,}")
@@ -94,29 +99,16 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
     def pack_window(window: int) -> PackedRows | None:
         if window >= plan.num_windows:
             return None
-        if "actor" not in catchup:
-            options: dict[str, Any] = {"num_cpus": 0}
-            if scaling.label_selector:
-                options["label_selector"] = dict(scaling.label_selector)
-            catchup["actor"] = ray.remote(WindowActor).options(**options).remote(
-                config, plan, max(1, int(scaling.cpus_per_worker)))
-        table = ray.get(catchup["actor"].__call__.remote({"window": np.asarray([window])}))
-        (out,) = table_outputs(table, first_row=0)
-        if out.stats is not None:
-            stats.add(out.stats)
-        return out.rows
-
-    def close() -> None:
-        actor = catchup.pop("actor", None)
-        if actor is not None:
-            ray.kill(actor)
+        rows, window_stats = process_window(plan.window(window), tokenizers, config, plan)
+        stats.add(window_stats)
+        return rows
 
     return StreamSource(
         config_hash=config.config_hash(), seq_len=config.seq_len, tokenizer_name=tokenizer.name,
         vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, epochs=plan.epochs,
         windows_per_epoch=plan.windows_per_epoch, sources=plan.summary(), samples_per_epoch=plan.samples_per_epoch,
         manifest_key=f"{config.config_hash()}-{plan.fingerprint()}", open_reader=open_reader,
-        pack_window=pack_window, stats=stats, close=close,
+        pack_window=pack_window, stats=stats,
     )  # fmt: skip
 
 

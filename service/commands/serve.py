@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from packfeed.client.transport import TOKEN_ENV, resolve_token
+from packfeed.service.raycluster import shutdown_ray
 from packfeed.service.commands.args import (
     add_data_arguments,
     data_config_from_args,
@@ -144,6 +145,10 @@ def run(args: argparse.Namespace) -> int:
         source, ray_needed = None, True
     state_dir = resolve_output(args.state_dir, "--state-dir") if args.state_dir else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "packfeed" / "serve")
+    try:
+        Manifest("probe", state_dir / "probe.json").check_writable()
+    except OSError as e:
+        raise ValueError(f"--state-dir {state_dir}: cannot write the stream manifest there ({e.strerror or e})") from None
     return _serve(args, token, tls, source, state_dir, ray_needed, Manifest)
 
 
@@ -174,11 +179,6 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     if ray_needed:
         source = _pipeline_source(args)
     manifest = Manifest(source.manifest_key, state_dir / f"{source.manifest_key}.json")
-    try:
-        manifest.check_writable()
-    except OSError as e:
-        source.close()
-        raise ValueError(f"--state-dir {state_dir}: cannot write the stream manifest there ({e.strerror or e})") from None
     source.seed_manifest(manifest)
 
     def reader_failed(exc: BaseException) -> None:
@@ -223,10 +223,7 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     if metrics is not None:
         metrics.stop()
     t1 = time.perf_counter()
-    if ray_needed:
-        import ray
-
-        ray.shutdown()
+    shutdown_ray()
     logger.info("stopped (drained in %.1fs%s, Ray shut down in %.1fs)", t1 - t0,
                 "" if stopped else ", the reader did not stop in time", time.perf_counter() - t1)
     return 0
@@ -245,6 +242,9 @@ def _pipeline_source(args: argparse.Namespace):
     config = data_config_from_args(args, base)
     packing = packing_from_args(args, base)
     plan = build_plan(config)
+    # The catch-up path packs windows in this process: one tokenizer thread, so it does not
+    # fight the packing actors for every core (the Rust pool reads this once, on first use).
+    os.environ["RAYON_NUM_THREADS"] = "1"
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
     for line in describe(probe(plan), plan):
         logger.info(line)

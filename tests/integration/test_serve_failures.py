@@ -46,7 +46,7 @@ SERVE_ARGS = demo_args(extra=("--buffer-rows", "128"))
 SERVE_ENV = {"RAY_ADDRESS": ""}  # always the server's own embedded Ray
 CLIENT = Path(__file__).with_name("stream_client.py")
 SHUTTING_DOWN = "packfeed server shutting down"  # server.py's UNAVAILABLE message when draining
-PACKING_FROM = re.compile(r"packfeed serve: packing from window (\d+) \(row (\d+)\)")
+PACKING_FROM = re.compile(r"packfeed serve: packing from window (\d+) of \d+ \(row ([\d,]+)\)")
 JOIN_S = 240.0
 
 
@@ -94,7 +94,7 @@ def log_between(server: ServerProcess, start: int, stop: int | None = None) -> s
 
 def packing_starts(log: str) -> list[tuple[int, int]]:
     """(window, first row) of every reader the server started, in order."""
-    return [(int(w), int(r)) for w, r in PACKING_FROM.findall(log)]
+    return [(int(w), int(r.replace(",", ""))) for w, r in PACKING_FROM.findall(log)]
 
 
 class Rank(threading.Thread):
@@ -184,7 +184,7 @@ def served(tmp_path_factory):
             finish(ranks)
             info = stream.describe()
         total = ranks[0].steps[-1][1]
-        assert info.rows_per_epoch == total, "Describe reports the length once the reader reached the end"
+        assert info.total_rows == total, "Describe reports the length once the reader reached the end"
         ref = Reference(total=total, rows={index: (digest, ids) for index, digest, ids in ranks[0].rows})
         # The reference itself meets the contract (a duplicate row would hide in the dict).
         assert len(ranks[0].rows) == total

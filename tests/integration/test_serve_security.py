@@ -376,7 +376,7 @@ def test_whole_stream_over_tls_then_cursor_past_the_end(server, certs, channel):
             seen.extend(batch.row_index[~batch.padding_rows].tolist())
             padding.extend(batch.row_index[batch.padding_rows].tolist())
             steps.append(batch.cursor)
-    total = stream_info(channel).rows_per_epoch
+    total = stream_info(channel).total_rows
     assert total > BUFFER_ROWS, "the stream must be longer than the server's buffer"
     assert seen == list(range(total)), "every row exactly once, in order"
     assert all(i >= total for i in padding) and len(set(padding)) == len(padding)

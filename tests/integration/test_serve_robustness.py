@@ -1,0 +1,260 @@
+"""``packfeed serve`` against what an adversary does: SIGTERM at any moment, a client that keeps
+peeking at cursor 0, readers restarted over and over, more streams than allowed, idle clients,
+and start-up mistakes. Real servers on 127.0.0.1, each with its own embedded Ray.
+
+* 20 SIGTERMs at random points of an active stream (two servers at a time): every one exits 0
+  after its drain, and no process of the server's process group (its embedded Ray) is left.
+* A reader's time over the whole stream with a peeker every 2 s (open at cursor 0, one batch,
+  cancel) stays within 1.5x of its time alone; both get exactly their rows.
+* Reader restarts (a lone consumer jumping between the ends of the stream) leave no actor
+  behind and the server's memory flat.
+* ``--max-consumers`` limits streams only: Describe and health checks still answer. An idle
+  stream stops holding the reader after ``--idle-timeout-seconds``.
+* Start-up refusals, before Ray starts: an unwritable ``--state-dir``, a port in use, more CPUs
+  per packing worker than any node has (pack too).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from packfeed.client.stream import PackedStream, StreamError
+from packfeed.client.transport import SERVICE_NAME
+from packfeed.client.v1 import packfeed_pb2
+from serve_support import CORPUS, REPO, TOKENIZER, ServerProcess, demo_args
+
+pytestmark = pytest.mark.integration
+
+SEED = int(os.environ.get("PACKFEED_FAILURE_SEED", "1729"))
+SIGTERMS = int(os.environ.get("PACKFEED_SIGTERMS", "20"))
+ENV = {"RAY_ADDRESS": ""}
+
+
+def group(pgid: int) -> list[psutil.Process]:
+    """Live processes of a process group (the server and its embedded Ray)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return out
+
+
+def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], str]:
+    """Start a server, stream from it, SIGTERM after ``delay`` s: (exit status, seconds to
+    exit, processes of its group still alive 2 s later, the log's tail)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    server = ServerProcess(demo_args(window_samples=250, extra=("--buffer-rows", "128")), log=directory / "serve.log",
+                           state_dir=directory / "state", env=ENV)
+    server.start()
+    pgid = server.proc.pid
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            with PackedStream(server.target, batch_rows=4, retry_timeout_s=5) as stream:
+                for _ in stream:
+                    if done.is_set():
+                        return
+        except StreamError:
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    time.sleep(delay)
+    start = time.monotonic()
+    try:
+        code = server.terminate(120)
+    finally:
+        done.set()
+    took = time.monotonic() - start
+    deadline = time.monotonic() + 5  # the group's processes get a moment to go
+    while group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [f"{p.pid}:{p.name()}" for p in group(pgid)]
+    for p in group(pgid):
+        p.kill()
+    return code, took, left, server.tail(1500)
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_at_any_point_exits_0_and_leaves_no_process(tmp_path):
+    rng = random.Random(SEED)
+    delays = [rng.uniform(0.0, 3.0) for _ in range(SIGTERMS)]  # actors starting, first windows, streaming
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda i: sigterm_once(tmp_path / f"run{i}", delays[i]), range(SIGTERMS)))
+    for i, (code, took, left, tail) in enumerate(results):
+        assert code == 0, f"SIGTERM {i} after {delays[i]:.1f}s: exit {code}\n{tail}"
+        assert not left, f"SIGTERM {i}: processes left: {left}"
+        assert "packfeed serve: stopped" in tail
+    assert sum(took < 30 for _, took, _, _ in results) == SIGTERMS, [round(r[1], 1) for r in results]
+
+
+# -- a peeking client -------------------------------------------------------------------------------
+
+
+def read_all(target: str, step_seconds: float = 0.0) -> tuple[float, list[int]]:
+    """(seconds, row indices) of one rank reading the whole stream from cursor 0, spending
+    ``step_seconds`` on each batch as a training step would."""
+    start = time.monotonic()
+    rows: list[int] = []
+    with PackedStream(target, batch_rows=4, retry_timeout_s=120) as stream:
+        for batch in stream:
+            rows += batch.row_index[~batch.padding_rows].tolist()
+            time.sleep(step_seconds)
+    return time.monotonic() - start, rows
+
+
+def peek(target: str) -> list[int]:
+    """Open a stream at cursor 0, take one batch, cancel."""
+    with PackedStream(target, rank=1, world_size=2, batch_rows=4, prefetch=1, retry_timeout_s=60) as stream:
+        return next(iter(stream)).row_index.tolist()
+
+
+@pytest.mark.timeout(600)
+def test_a_peeker_at_cursor_0_does_not_starve_a_reader(tmp_path):
+    # Three epochs of the corpus and no time per step: packing dominates the read, so every
+    # re-pack a peek forced (the old hub restarted at window 0 on each) would show in its time.
+    with ServerProcess(demo_args(window_samples=500, extra=("--buffer-rows", "256", "--epochs", "3")),
+                       log=tmp_path / "serve.log", state_dir=tmp_path / "state", env=ENV) as server:
+        read_all(server.target)  # warm-up: Ray, actors, and the manifest of every window
+        alone, rows_alone = read_all(server.target)  # the reader starts over at window 0, alone
+        stop, peeks = threading.Event(), []
+
+        def peeker() -> None:
+            while not stop.wait(2.0):
+                peeks.append(peek(server.target))
+
+        thread = threading.Thread(target=peeker, daemon=True)
+        thread.start()
+        result: list = []
+        reader = threading.Thread(target=lambda: result.append(read_all(server.target)), daemon=True)
+        reader.start()
+        reader.join(1.5 * alone + 30)  # a starved reader fails here, not at the test's timeout
+        stop.set()
+        thread.join(120)
+        assert result, f"the reader did not finish in {1.5 * alone + 30:.0f}s with a peeker (alone: {alone:.1f}s)"
+        with_peeker, rows = result[0]
+    total = len(rows_alone)
+    assert rows == rows_alone == list(range(total)), "the reader gets every row exactly once, in order"
+    assert len(peeks) >= 2, "the peeker kept peeking during the read"
+    assert all(p == [1, 3, 5, 7] for p in peeks), "every peek gets its own exact rows"
+    print(f"reader alone {alone:.1f}s, with a peeker {with_peeker:.1f}s ({with_peeker / alone:.2f}x), {len(peeks)} peeks")
+    assert with_peeker <= 1.5 * alone, f"with a peeker every 2 s: {with_peeker:.1f}s, alone {alone:.1f}s"
+
+
+# -- reader restarts -------------------------------------------------------------------------------
+
+
+def ray_actor_processes(pgid: int) -> list[str]:
+    return sorted(p.name() for p in group(pgid) if p.name().startswith("ray::") and "Agent" not in p.name())
+
+
+@pytest.mark.timeout(600)
+def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
+    with ServerProcess(demo_args(window_samples=500, extra=("--buffer-rows", "128")), log=tmp_path / "serve.log",
+                       state_dir=tmp_path / "state", env=ENV) as server:
+        _, rows = read_all(server.target)  # the whole stream once: the manifest knows every window
+        end = len(rows) - len(rows) % 4 - 8
+        pgid = server.proc.pid
+        rss, actors = [], []
+        for i in range(8):  # a lone consumer jumping between the ends: each jump restarts the reader
+            cursor = 0 if i % 2 else end
+            with PackedStream(server.target, batch_rows=4, state={"version": 1, "cursor": cursor, "step": 0,
+                                                                    "config_hash": None, "seq_len": None}) as s:
+                assert next(iter(s)).row_index[0] == cursor
+            time.sleep(1.0)
+            rss.append(psutil.Process(server.proc.pid).memory_info().rss)
+            actors.append(ray_actor_processes(pgid))
+        log = server.log.read_text()
+    assert log.count("packing from window") >= 7, "the jumps did restart the reader"
+    assert len(actors[-1]) <= len(actors[2]) + 1, f"actors pile up: {actors[2]} -> {actors[-1]}"
+    assert not any("StatsSink" in a for a in actors[-1])
+    assert rss[-1] < 1.25 * rss[2], f"server memory grew {rss[2] >> 20} -> {rss[-1] >> 20} MiB over the restarts"
+
+
+# -- consumer limits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(400)
+def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
+    args = demo_args(window_samples=500, extra=("--buffer-rows", "128", "--max-consumers", "1",
+                                                "--idle-timeout-seconds", "3"))
+    with ServerProcess(args, log=tmp_path / "serve.log", state_dir=tmp_path / "state", env=ENV) as server:
+        idle = PackedStream(server.target, batch_rows=4, prefetch=1)
+        first = next(iter(idle))  # one stream open, then it never reads again
+        channel = grpc.insecure_channel(server.target)
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                                                           timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING, "health is not limited by --max-consumers"
+        describe = channel.unary_unary(f"/{SERVICE_NAME}/Describe",
+                                       response_deserializer=packfeed_pb2.StreamInfo.FromString)
+        assert describe(b"", timeout=10).seq_len == 512, "Describe is not limited either"
+        with pytest.raises(grpc.RpcError) as err:
+            call = channel.unary_stream(f"/{SERVICE_NAME}/StreamBatches")(
+                packfeed_pb2.StreamRequest(world_size=1, batch_rows=4).SerializeToString(), timeout=30)
+            next(iter(call))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-consumers" in err.value.details()
+        idle.close()
+        channel.close()
+        # The idle stream pins the first rows of a 128-row buffer; a consumer 600 rows ahead
+        # gets its rows once the idle timeout has passed (the idle one no longer holds the
+        # reader back); without it, this read would stall and fail on its progress deadline.
+        time.sleep(4)
+        state = {"version": 1, "cursor": 600, "step": 0, "config_hash": None, "seq_len": None}
+        with PackedStream(server.target, batch_rows=4, state=state, progress_timeout_s=90) as late:
+            got = [int(b.row_index[0]) for _, b in zip(range(3), late)]
+        assert got == [600, 604, 608] and first.row_index[0] == 0
+
+
+# -- start-up refusals -------------------------------------------------------------------------------
+
+
+def serve_cli(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "packfeed.service.cli", "serve", *demo_args(), *flags],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **ENV})
+
+
+def test_startup_mistakes_fail_before_ray_with_the_cause(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    proc = serve_cli("--port", "0", "--state-dir", str(blocked / "state"))
+    assert proc.returncode == 2 and f"--state-dir {blocked / 'state'}: cannot write" in proc.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = serve_cli("--port", str(port))
+    assert proc.returncode == 2 and f"port {port} is in use" in proc.stderr
+    for p in (proc,):
+        assert "Ray: started" not in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["pack", "serve"])
+def test_more_cpus_per_worker_than_any_node_has_fails_fast(tmp_path, command):
+    """Issue: --cpus-per-worker above the cluster hung forever (serve even reported SERVING)."""
+    extra = ["--output", str(tmp_path / "out")] if command == "pack" else ["--port", "0", "--state-dir",
+                                                                          str(tmp_path / "s")]
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "packfeed.service.cli", command, *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512",
+         "--cpus-per-worker", "64", *extra],
+        capture_output=True, text=True, timeout=180, cwd=REPO, env={**os.environ, **ENV},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "packing actors: 1 x (64 CPU) do not fit" in proc.stderr and "largest node 2" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - start < 90
