@@ -43,12 +43,20 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     from packfeed.service.plan import build_plan
     from packfeed.service.raycluster import init_ray
     from packfeed.service.tokenize import load_tokenizer
+    from packfeed.service.writer import packed_dir_info
 
     output = Path(output).resolve()
     resume_from = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
-    plan = build_plan(run.data)
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
+    inputs = run.data.inputs
+    packed = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
+    if packed is not None:  # pack once, train many: the rows are served as they are
+        check_packed_dir(inputs[0], packed, run.data.seq_len, tokenizer)
+        source = ("packed", inputs[0], packed)
+        print(f"training on the packed directory {inputs[0]} as it is ({packed['stats']['rows']:,} rows)", flush=True)
+    else:
+        source = ("pipeline", build_plan(run.data))
     if state is not None:
         print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
               flush=True)
@@ -56,10 +64,24 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
 
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
-    return _fit(run, plan, tokenizer, output=output, resume_from=resume_from, state=state)
+    return _fit(run, source, tokenizer, output=output, resume_from=resume_from, state=state)
 
 
-def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from: Path | None,
+def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> None:
+    """A packed directory trains this run only if its rows fit the run's seq_len and model
+    vocabulary; ValueError saying which differs."""
+    packed_len = int(info["config"]["data"]["seq_len"])
+    if packed_len != seq_len:
+        raise ValueError(f"{path} holds rows of {packed_len} tokens, the run's seq_len is {seq_len}: set seq_len = "
+                         f"{packed_len} or pack again")
+    tok = info["config"].get("tokenizer", {})
+    if tok and (tok.get("vocab_size"), tok.get("pad_id")) != (tokenizer.vocab_size, tokenizer.pad_id):
+        raise ValueError(f"{path} was packed with tokenizer {tok.get('name')!r} (vocabulary {tok.get('vocab_size')}, pad "
+                         f"{tok.get('pad_id')}), the run uses {tokenizer.name!r} ({tokenizer.vocab_size}, pad "
+                         f"{tokenizer.pad_id}): use the same tokenizer")
+
+
+def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_from: Path | None,
          state: dict | None) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
@@ -74,10 +96,10 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
     )
     placement = check_placement(run.scaling, use_gpu=use_gpu)
     world = run.scaling.num_workers
-    feeder = ray.remote(PipelineFeeder).options(
+    feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
-        run.data, plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
+        run.data, source, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=tokenizer.pad_id,
         state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
@@ -103,7 +125,7 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
     start_step = 0 if state is None else int(state["step"])
     print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
           f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
-          f"steps {start_step}->{run.train.last_step}, {plan.epochs} epoch(s) -> {output}", flush=True)
+          f"steps {start_step}->{run.train.last_step} -> {output}", flush=True)
     started = time.perf_counter()
     trainer.fit()
     packing = ray.get(feeder.packing_stats.remote())
@@ -123,7 +145,7 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
     if final_step < run.train.last_step:
         summary["stopped_early"] = (
             f"data exhausted at step {final_step} of {run.train.last_step} ({total_rows:,} rows in "
-            f"{plan.epochs} epoch(s)); the learning-rate schedule was planned for {run.train.max_steps} steps: "
+            f"{run.data.epochs} epoch(s)); the learning-rate schedule was planned for {run.train.max_steps} steps: "
             "raise [data] epochs (or lower max_steps)"
         )
         print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
@@ -135,22 +157,28 @@ def _fit(run: RunConfig, plan: Any, tokenizer: Any, *, output: Path, resume_from
     return summary
 
 
-class PipelineFeeder(RowFeeder):
-    """The run's RowFeeder over a PackingPipeline (built inside the feeder's actor)."""
+class StreamFeeder(RowFeeder):
+    """The run's RowFeeder, built inside its actor over the run's stream: the packing pipeline
+    of the data config (``("pipeline", plan)``) or a packed directory (``("packed", path, info)``)."""
 
-    def __init__(self, config: Any, plan: Any, scaling: Any, *, output: str, state: dict | None,
+    def __init__(self, config: Any, source: tuple, scaling: Any, *, output: str, state: dict | None,
                  saved_manifest: dict | None, pad_id: int, **layout: Any) -> None:
-        from packfeed.service.pipeline import new_run_stats
         from packfeed.service.raycluster import quiet_ray
-        from packfeed.trainer.feeder import load_manifest, pipeline_reader
+        from packfeed.service.streams import packed_dir_source, pipeline_source
+        from packfeed.service.tokenize import load_tokenizer
+        from packfeed.trainer.feeder import load_manifest
 
         quiet_ray()
-        stats = new_run_stats(plan)
-        key = f"{config.config_hash()}-{plan.fingerprint()}"
-        manifest = load_manifest(key, Path(output) / MANIFEST_FILE, saved_manifest)
+        if source[0] == "pipeline":
+            tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+            stream = pipeline_source(config, source[1], tokenizer, scaling)
+        else:
+            stream = packed_dir_source(source[1], source[2])
+        manifest = load_manifest(stream.manifest_key, Path(output) / MANIFEST_FILE, saved_manifest)
+        stream.seed_manifest(manifest)
         super().__init__(
-            pipeline_reader(config, plan, scaling, stats), manifest, seq_len=config.seq_len, pad_id=pad_id,
-            config_hash=config.config_hash(), state=state, stats=stats, **layout,
+            stream.open_reader, manifest, seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
+            state=state, stats=stream.stats, **layout,
         )
 
 

@@ -21,13 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from packfeed.client.rows import PAD_SAMPLE_ID
+from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.client.stream import Batch, PackedStream
 
 
-def row_digest(batch: Batch, r: int) -> str:
+def row_digest(rows: PackedRows, r: int) -> str:
     """Hash of everything row ``r`` carries: tokens, labels, positions and its segments."""
-    rows = batch.rows
     h = hashlib.sha256()
     for column in (rows.input_ids[r], rows.labels[r], rows.position_ids[r], rows.row_seq_lens(r), rows.row_sample_ids(r)):
         h.update(column.tobytes())
@@ -44,7 +43,7 @@ def row_records(batch: Batch) -> tuple[list[list], list[int]]:
             padding.append(index)
         else:
             sids = batch.rows.row_sample_ids(r)
-            real.append([index, row_digest(batch, r), [int(s) for s in sids if s != PAD_SAMPLE_ID]])
+            real.append([index, row_digest(batch.rows, r), [int(s) for s in sids if s != PAD_SAMPLE_ID]])
     return real, padding
 
 

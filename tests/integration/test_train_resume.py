@@ -179,3 +179,24 @@ def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(in
     real = sorted(i for i in before + after if i < total)
     assert real == list(range(total)), "every row of the stream exactly once across both world sizes"
     assert all(i >= total for i in before + after if i not in set(real)), "padding rows only past the end"
+
+
+def test_pack_once_train_from_the_packed_directory(ray_cluster, run_config, small_corpus, tmp_path):
+    """A `packfeed pack` directory trains as it is: rank k of step s gets its rows k mod N."""
+    from packfeed.service.cli import main
+    from packfeed.service.writer import read_packed_dir
+    from packfeed.trainer.run import train
+
+    packed = tmp_path / "packed"
+    assert main(["pack", *small_corpus, "--tokenizer", demo_tokenizer_path(), "--seq-len", "256",
+                 "--output", str(packed)]) == 0
+    rows = read_packed_dir(packed)
+    run = dataclasses.replace(
+        run_config, data=DataConfig(inputs=(str(packed),), tokenizer=demo_tokenizer_path(), seq_len=256),
+        train=dataclasses.replace(run_config.train, max_steps=2, checkpoint_every=0),
+    )
+    summary = train(run, output=tmp_path / "run")
+    assert summary["steps"] == 2 and summary["stream_rows"] == rows.num_rows
+    seen = rows_seen(tmp_path / "run")
+    for (step, rank), (indices, _) in seen.items():  # 2 ranks x 4 rows per step
+        assert indices == [8 * (step - 1) + rank + 2 * j for j in range(4)], (step, rank)

@@ -73,3 +73,17 @@ def test_cli_flags_override_the_config_file(tmp_path):
     assert run.model.overrides == {"hidden_size": 32}
     run = run_config_from_args(parser.parse_args(["--config", str(config), "--model", "tiny-qwen3"]))
     assert run.model.name == "tiny-qwen3" and run.model.overrides == {}
+
+
+def test_a_packed_directory_must_fit_the_run():
+    from types import SimpleNamespace
+
+    from packfeed.trainer.run import check_packed_dir
+
+    info = {"config": {"data": {"seq_len": 512}, "tokenizer": {"name": "t", "vocab_size": 100, "pad_id": 0}}}
+    tok = SimpleNamespace(name="t", vocab_size=100, pad_id=0)
+    check_packed_dir("p", info, 512, tok)
+    with pytest.raises(ValueError, match="holds rows of 512 tokens, the run's seq_len is 256"):
+        check_packed_dir("p", info, 256, tok)
+    with pytest.raises(ValueError, match="packed with tokenizer 't'.*use the same tokenizer"):
+        check_packed_dir("p", info, 512, SimpleNamespace(name="u", vocab_size=200, pad_id=0))
