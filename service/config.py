@@ -6,8 +6,8 @@ stream (the gRPC service uses it to refuse a client that expects another stream)
 change how a run behaves but not one byte of the rows (``UNHASHED``); they stay out of the hash.
 
 A config is a mixture of sources (``[[data.sources]]`` in a TOML file, see docs/design.md,
-"Mixtures and epochs"); the plain form ``inputs = [...]`` (or ``packfeed pack INPUT...``) is
-one source of repeat 1.
+"Mixtures and epochs"); the plain form ``inputs = [...]`` (``DataConfig.from_inputs``, or
+``packfeed pack INPUT...``) is one source of repeat 1.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from packfeed.service.mixture import check_share
@@ -87,8 +87,7 @@ class DataConfig:
     skipped as bad (None: never; a run that packs nothing always fails).
     """
 
-    sources: tuple[SourceConfig, ...] = ()
-    inputs: InitVar[Sequence[str] | None] = None
+    sources: tuple[SourceConfig, ...]
     tokenizer: str
     seq_len: int
     epochs: int = 1
@@ -104,13 +103,7 @@ class DataConfig:
     block_samples: int = DEFAULT_BLOCK_SAMPLES
     max_skip_fraction: float | None = None
 
-    def __post_init__(self, inputs: Sequence[str] | None) -> None:
-        if inputs is not None:
-            if self.sources:
-                raise ValueError("give inputs or sources, not both")
-            if isinstance(inputs, (str, bytes)) or not inputs:
-                raise ValueError("inputs must be a non-empty list of paths")
-            object.__setattr__(self, "sources", (SourceConfig(name=default_source_name(inputs), paths=tuple(inputs)),))
+    def __post_init__(self) -> None:
         sources = tuple(self.sources)
         if not sources:
             raise ValueError("no data: give INPUT... (or `inputs` / [[data.sources]] in the config's [data] table)")
@@ -148,6 +141,18 @@ class DataConfig:
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
                 raise ValueError(f"max_skip_fraction must be a number in [0, 1], got {f!r}")
 
+    @classmethod
+    def from_inputs(cls, inputs: Sequence[str], **fields: Any) -> "DataConfig":
+        """The plain form: ``inputs`` as one source of repeat 1 (``packfeed pack INPUT...``)."""
+        if isinstance(inputs, (str, bytes)) or not inputs:
+            raise ValueError("inputs must be a non-empty list of paths")
+        return cls(sources=(SourceConfig(name=default_source_name(inputs), paths=tuple(inputs)),), **fields)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every source's paths, in order."""
+        return tuple(p for s in self.sources for p in s.paths)
+
     @property
     def weighted(self) -> bool:
         return self.sources[0].weight is not None
@@ -171,6 +176,8 @@ class DataConfig:
         if unknown:
             raise ValueError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
         d = dict(d)
+        if "inputs" in d and "sources" in d:
+            raise ValueError("give inputs or sources, not both")
         if "sources" in d:
             if not isinstance(d["sources"], (list, tuple)):
                 raise ValueError("sources must be a list of tables ([[data.sources]] in TOML)")
@@ -179,20 +186,13 @@ class DataConfig:
                 built.append(_source_from_dict(s, i, [b.name for b in built]))
             d["sources"] = tuple(built)
         if "inputs" in d:
-            d["inputs"] = tuple(d["inputs"]) if isinstance(d["inputs"], (list, tuple)) else d["inputs"]
+            return cls.from_inputs(d.pop("inputs"), **d)
         return cls(**d)
 
     def config_hash(self) -> str:
         """Stable hex digest of every field the stream depends on (not ``UNHASHED`` ones)."""
         d = {k: v for k, v in self.to_dict().items() if k not in UNHASHED}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ``inputs`` is an init-only shorthand (one source); read back, it is every source's paths in
-# order (without this, the init-only field's class default would silently read None).
-DataConfig.inputs = property(  # type: ignore[assignment]
-    lambda self: tuple(p for s in self.sources for p in s.paths), doc="every source's paths, in order"
-)
 
 
 def default_source_name(paths: Sequence[str]) -> str:

@@ -242,12 +242,11 @@ class RowHub:
         """Numbers for logs and metrics: buffer, reader position, consumers and their lag."""
         with self._cond:
             now = self._clock()
-            needs = [c.need for c in self._consumers.values()]
+            lags = {cid: self._produced - c.need for cid, c in self._consumers.items() if self._is_attached(c, now)}
             return {
                 "held_rows": self._held, "capacity": self.capacity, "produced": self._produced,
-                "floor": self._floor, "consumers": len(self._consumers),
-                "attached": sum(1 for c in self._consumers.values() if self._is_attached(c, now)),
-                "max_lag": max((self._produced - n for n in needs), default=0),
+                "floor": self._floor, "consumers": len(self._consumers), "attached": len(lags),
+                "lags": lags, "max_lag": max(lags.values(), default=0),
                 "restarts": self.restarts, "catchup_windows": self.catchup_windows, "rows_served": self.rows_served,
             }  # fmt: skip
 

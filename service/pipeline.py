@@ -60,6 +60,10 @@ class WindowActor:
         for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
             self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, add_eos=config.add_eos,
                                                     strict=config.strict)
+        from packfeed.service.metrics import WindowMetrics
+
+        self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint
+        self.source_names = [s.name for s in plan.sources]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         from packfeed.service.window import process_window
@@ -67,6 +71,7 @@ class WindowActor:
         tables = []
         for k in batch["window"]:
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
+            self.metrics.record(stats, self.source_names)
             tables.append(window_table(int(k), rows, stats))
         return pa.concat_tables(tables)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +159,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
             if kind == "text" and fmt not in ("auto", "text"):
                 raise ValueError(f"source {source.name!r}: {path} is a plain-text file (one document); it holds "
                                  f"format 'text', not {fmt!r}")
-            scan = scan_file(path, kind, first_row=first_row, stride=stride)
+            scan = scan_file(os.path.abspath(path), kind, first_row=first_row, stride=stride)
             if scan.num_rows == 0:
                 logger.warning("input %s holds no rows", path)
                 continue

@@ -280,7 +280,7 @@ def plan_windows(inputs: Sequence[str] | str, *, window_samples: int, format: st
     from packfeed.service.plan import build_plan
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    config = DataConfig(inputs=paths, tokenizer="-", seq_len=2, window_samples=window_samples, block_samples=0,
+    config = DataConfig.from_inputs(paths, tokenizer="-", seq_len=2, window_samples=window_samples, block_samples=0,
                         format=format)
     plan = build_plan(config)
     return [plan.window(k) for k in range(plan.num_windows)]

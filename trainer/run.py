@@ -103,6 +103,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=tokenizer.pad_id,
         state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
+    ray.get(feeder.total_rows.remote())  # a feeder that cannot start fails here, as itself, not in every worker
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={

@@ -153,6 +153,12 @@ def _quiet_worker_logs() -> None:
     from transformers.utils import logging as hf_logging
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)
+    try:  # the per-report line's logger is named after its file, outside "ray.train"
+        from ray.train.v2._internal.execution import context as train_context
+
+        train_context.logger.setLevel(logging.WARNING)
+    except (ImportError, AttributeError):
+        pass  # moved in another Ray: the lines stay, nothing breaks
     hf_logging.disable_progress_bar()
 
 

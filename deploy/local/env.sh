@@ -9,8 +9,9 @@ export PACKFEED_DASHBOARD_PORT="${PACKFEED_DASHBOARD_PORT:-8290}"
 # The job agent's HTTP port (Ray's default, 52365, is taken by any other Ray on this machine,
 # an embedded one included, and then `ray job submit` finds no agent).
 export PACKFEED_AGENT_PORT="${PACKFEED_AGENT_PORT:-52390}"
-# The Ray client server's port (Ray's default, 10001, would be shared with any other cluster).
-export PACKFEED_CLIENT_PORT="${PACKFEED_CLIENT_PORT:-10091}"
+# The Ray client server's port (Ray's default, 10001, would be shared with any other cluster;
+# it must lie outside the worker ports, 10002-19999).
+export PACKFEED_CLIENT_PORT="${PACKFEED_CLIENT_PORT:-20091}"
 export PACKFEED_NUM_CPUS="${PACKFEED_NUM_CPUS:-$(nproc)}"
 export PACKFEED_OBJECT_STORE_BYTES="${PACKFEED_OBJECT_STORE_BYTES:-1000000000}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"

@@ -131,7 +131,24 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     for required in ("tokenizer", "seq_len"):
         if required not in data:
             raise ValueError(f"missing --{required.replace('_', '-')} (or `{required}` in the config file's [data] table)")
-    return DataConfig.from_dict(data)
+    return absolute_paths(DataConfig.from_dict(data))
+
+
+def absolute_paths(config: DataConfig) -> DataConfig:
+    """The config with its local paths (inputs, a tokenizer directory) made absolute: actors on
+    other nodes, and workers that do not share this process's directory, read them as given."""
+    import dataclasses
+
+    def local(path: str) -> str:
+        return os.path.abspath(path) if not os.path.isabs(path) and (os.path.exists(path) or glob_like(path)) else path
+
+    sources = tuple(dataclasses.replace(s, paths=tuple(local(p) for p in s.paths)) for s in config.sources)
+    tokenizer = os.path.abspath(config.tokenizer) if os.path.isdir(config.tokenizer) else config.tokenizer
+    return dataclasses.replace(config, sources=sources, tokenizer=tokenizer)
+
+
+def glob_like(path: str) -> bool:
+    return any(c in path for c in "*?[")
 
 
 def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     problem = port_problem(args.host, args.port)
     if problem:
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {problem}")
+    if args.metrics_port:
+        problem = port_problem(args.metrics_host or args.host, args.metrics_port)
+        if problem:
+            raise ValueError(f"--metrics-port {args.metrics_port}: {problem}")
     packed = packed_dir_info(args.inputs[0]) if len(args.inputs) == 1 else None
     if packed is not None:
         source, ray_needed = _packed_source(args, packed), False

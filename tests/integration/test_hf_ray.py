@@ -38,7 +38,7 @@ def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_
     from packfeed.service.pipeline import PackingPipeline, Scaling
     from packfeed.service.plan import build_plan
 
-    config = DataConfig(inputs=(small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)
+    config = DataConfig.from_inputs((small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)
     plan = build_plan(config)
     stream = PackingPipeline(config, plan, scaling=Scaling(num_workers=1, cpus_per_worker=0.5))
     dataset = packed_hf_dataset(stream.dataset)

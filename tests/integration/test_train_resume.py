@@ -54,7 +54,7 @@ def small_corpus(tmp_path_factory) -> list[str]:
 def run_config(small_corpus) -> RunConfig:
     # Windows of 64 samples: a resume point falls inside a window.
     return RunConfig(
-        data=DataConfig(inputs=tuple(small_corpus), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64),
+        data=DataConfig.from_inputs(tuple(small_corpus), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64),
         model=ModelConfig(name="tiny-llama", attn="sdpa"),
         train=TrainConfig(max_steps=STEPS, micro_batch_rows=2, grad_accum=2, log_every=2, checkpoint_every=INTERRUPT,
                           lr=3e-3, warmup_steps=2, record_rows=True, max_failures=1),
@@ -192,7 +192,7 @@ def test_pack_once_train_from_the_packed_directory(ray_cluster, run_config, smal
                  "--output", str(packed)]) == 0
     rows = read_packed_dir(packed)
     run = dataclasses.replace(
-        run_config, data=DataConfig(inputs=(str(packed),), tokenizer=demo_tokenizer_path(), seq_len=256),
+        run_config, data=DataConfig.from_inputs((str(packed),), tokenizer=demo_tokenizer_path(), seq_len=256),
         train=dataclasses.replace(run_config.train, max_steps=2, checkpoint_every=0),
     )
     summary = train(run, output=tmp_path / "run")

@@ -48,8 +48,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def packed_dir(tmp_path_factory, tokenizer):
     """A `packfeed pack`-style output of the first windows of the bundled corpus (all formats)."""
-    config = DataConfig(
-        inputs=tuple(demo_corpus_paths()), tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN,
+    config = DataConfig.from_inputs(
+        tuple(demo_corpus_paths()), tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN,
         window_samples=WINDOW_SAMPLES, block_samples=0,  # file order: one window per input kind below
     )
     plan = build_plan(config)

@@ -5,6 +5,11 @@ from packfeed.service.config import DataConfig
 BASE = dict(inputs=("a.jsonl",), tokenizer="tok", seq_len=128)
 
 
+def make(**fields) -> DataConfig:
+    """A config in the plain form (inputs: one source), as config files and INPUT... give it."""
+    return DataConfig.from_dict(fields)
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -22,14 +27,14 @@ BASE = dict(inputs=("a.jsonl",), tokenizer="tok", seq_len=128)
 )
 def test_invalid_config_is_a_clear_value_error(override, message):
     with pytest.raises(ValueError, match=message):
-        DataConfig(**{**BASE, **override})
+        make(**{**BASE, **override})
 
 
 def test_round_trip_and_hash_names_the_stream():
-    config = DataConfig(**BASE, seed=3)
+    config = make(**BASE, seed=3)
     again = DataConfig.from_dict(config.to_dict())
     assert again == config and again.config_hash() == config.config_hash()
-    assert DataConfig(**BASE, seed=4).config_hash() != config.config_hash()
+    assert make(**BASE, seed=4).config_hash() != config.config_hash()
 
 
 def test_unknown_keys_are_rejected_with_the_known_ones_listed():
@@ -38,7 +43,7 @@ def test_unknown_keys_are_rejected_with_the_known_ones_listed():
 
 
 def test_config_is_frozen_and_keyword_only():
-    config = DataConfig(**BASE)
+    config = make(**BASE)
     with pytest.raises(Exception):
         config.seq_len = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -104,7 +109,7 @@ def test_bad_mixtures_are_value_errors_naming_the_source_and_the_fix(sources, ex
 
 def test_seq_len_is_bounded_and_says_so():
     with pytest.raises(ValueError, match="seq_len must be at most 1,048,576"):
-        DataConfig(**{**BASE, "seq_len": 1_000_000_000_000})
+        make(**{**BASE, "seq_len": 1_000_000_000_000})
 
 
 @pytest.mark.parametrize("paths, name", [
