@@ -115,7 +115,7 @@ def run_pipeline(tokenizer: str, corpus: Path, out: Path, seq_len: int) -> dict:
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"packfeed pack failed:\n{stderr[-3000:]}")
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads((out / ".packfeed" / "stats.json").read_text())
     return {**stats, "peak_tree_mb": peak["tree"] / 2**20, "peak_driver_mb": peak["driver"] / 2**20}
 
 

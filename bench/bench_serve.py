@@ -9,7 +9,7 @@ English-like text (bench_pipeline.write_corpus), the bundled 1,564-token tokeniz
 
 1. Cold start. Time from launching the server to the first batch in the client, then rows/s
    to the end of the stream, against the SAME pipeline read in-process (a fresh Python process
-   running ``PackedStream.iter_rows()``: embedded Ray, same actors). Ratio served / in-process.
+   running ``PackingPipeline.iter_rows()``: embedded Ray, same actors). Ratio served / in-process.
 2. Resume cost. The server is SIGKILLed and started again; a client resumes at cursors from 0%
    to 95% of the stream: time from "listening" to the first batch. With the manifest kept in
    --state-dir the server packs from the window holding the cursor, so the time should not grow
@@ -46,15 +46,17 @@ BATCH_ROWS = 16
 IN_PROCESS = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from packfeed.service.cli import data_config_from_args, add_data_arguments
-from packfeed.service.pipeline import PackedStream, init_ray
+from packfeed.service.commands.args import data_config_from_args, add_data_arguments
+from packfeed.service.pipeline import PackingPipeline
+from packfeed.service.plan import build_plan
+from packfeed.service.raycluster import init_ray
 import argparse
 p = argparse.ArgumentParser(); add_data_arguments(p)
 args = p.parse_args(sys.argv[1:])
 config = data_config_from_args(args)
 init_ray(None)
 first, rows = None, 0
-for block in PackedStream(config).iter_rows():
+for block in PackingPipeline(config, build_plan(config)).iter_rows():
     rows += block.num_rows
     if first is None:
         first = time.perf_counter() - t0
@@ -106,7 +108,7 @@ def cold_start(corpus: Path, work: Path) -> None:
     print("\n## 1. Cold start and throughput (world 1, batch_rows 16, seq_len 2048)\n")
     print("reader | first row/batch s | rows | rows/s after the first | ratio")
     print("--- | --- | --- | --- | ---")
-    print(f"in-process PackedStream.iter_rows() | {ref['first']:.1f} | {ref['rows']:,} | {ref_rate:,.0f} | 1.00")
+    print(f"in-process PackingPipeline.iter_rows() | {ref['first']:.1f} | {ref['rows']:,} | {ref_rate:,.0f} | 1.00")
     print(f"packfeed serve -> PackedStream client | {first:.1f} | {got['rows']:,} | {got['rows_per_s']:,.0f} | "
           f"{got['rows_per_s'] / ref_rate:.2f}")
     if got["rows"] != ref["rows"]:

@@ -146,7 +146,9 @@ class PackedStream:
     ``tls_ca``: PEM file (or bytes) of the CA that signed the server's certificate: use TLS.
     ``state``: a ``state_dict()`` to resume from. ``prefetch``: batches kept ready.
     ``retry_timeout_s``: give up reconnecting after this long without a batch.
-    ``progress_timeout_s``: raise a DEADLINE_EXCEEDED ``StreamError`` when a connected stream
+    ``tls_server_name``: the name the server's certificate must carry, when it differs from the
+    host dialled (a port-forward to localhost, an IP). ``progress_timeout_s``: raise a
+    DEADLINE_EXCEEDED ``StreamError`` when a connected stream
     delivers no batch for this long (a server whose packing is stuck). A TLS mismatch (a
     plaintext client against a TLS server, another CA) is diagnosed at once, not retried.
     """
@@ -165,6 +167,7 @@ class PackedStream:
         retry_timeout_s: float = 300.0,
         max_backoff_s: float = 5.0,
         progress_timeout_s: float = 900.0,
+        tls_server_name: str | None = None,
     ) -> None:
         for name, value, low in (("rank", rank, 0), ("world_size", world_size, 1), ("batch_rows", batch_rows, 1),
                                  ("prefetch", prefetch, 1)):
@@ -188,6 +191,7 @@ class PackedStream:
         if isinstance(tls_ca, (str, Path)):
             tls_ca = Path(tls_ca).read_bytes()
         self._tls_ca = tls_ca
+        self._tls_server_name = tls_server_name
         self._tls_checked = False
         self._credentials = None if tls_ca is None else grpc.ssl_channel_credentials(root_certificates=tls_ca)
         state = dict(state or {})
@@ -301,6 +305,8 @@ class PackedStream:
 
     def _channel(self, max_receive: int) -> grpc.Channel:
         options = channel_options(max_receive=max_receive, max_send=MAX_REQUEST_BYTES)
+        if self._tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self._tls_server_name))
         if self._credentials is None:
             return grpc.insecure_channel(self.target, options=options)
         return grpc.secure_channel(self.target, self._credentials, options=options)

@@ -1,7 +1,7 @@
 """``packfeed train``: pack and train in one command, on an embedded Ray or a cluster.
 
     packfeed train --config examples/train_demo.toml [INPUT...] [--model M] [--max-steps N]
-                   [--num-workers N] [--output DIR] [--resume | --overwrite] [--address ADDR]
+                   [--num-workers N] [--output DIR] [--resume [auto] | --overwrite] [--address ADDR]
 
 The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pack``),
 ``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.config``); the data flags
@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--output", type=Path,
                    help="checkpoints, metrics.jsonl, loss.png, final/ (default: [output] dir, else runs/train)")
     mode = o.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+    mode.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
+                      help="continue from the latest checkpoint in --output; `--resume auto`: continue if there is "
+                           "one, else start (a job that may be retried or re-applied)")
     mode.add_argument("--overwrite", action="store_true", help="discard a previous run in --output")
 
 

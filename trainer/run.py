@@ -31,13 +31,13 @@ from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
 logger = logging.getLogger(__name__)
 
 
-def train(run: RunConfig, *, output: Path, address: str | None = None, resume: bool = False,
+def train(run: RunConfig, *, output: Path, address: str | None = None, resume: bool | str = False,
           overwrite: bool = False) -> dict[str, Any]:
     """Train ``run``; see the module docstring for what lands in ``output``.
 
     Raises ValueError when ``output`` already holds a run and neither ``resume`` (continue
-    from its latest checkpoint, on exactly the rows an uninterrupted run would see next) nor
-    ``overwrite`` (start again) is given. Everything that can be checked before Ray starts
+    from its latest checkpoint, on exactly the rows an uninterrupted run would see next;
+    ``"auto"``: if there is one, else start) nor ``overwrite`` (start again) is given. Everything that can be checked before Ray starts
     (output, plan, tokenizer) is checked first.
     """
     from packfeed.service.plan import build_plan
@@ -199,11 +199,17 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
 
-def _prepare_output(output: Path, *, resume: bool, overwrite: bool) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run); clears ``output`` on overwrite."""
+def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool) -> Path | None:
+    """The checkpoint to resume from (None for a fresh run); clears ``output`` on overwrite.
+    ``resume="auto"`` resumes when there is a checkpoint, and otherwise starts afresh (clearing
+    what an attempt that died before its first checkpoint left)."""
     has_run = (output / RUN_NAME).exists() or (output / "metrics.jsonl").exists()
-    if resume:
-        found = latest_checkpoint(output)
+    found = latest_checkpoint(output) if resume else None
+    if resume == "auto":
+        if found is not None:
+            return found
+        overwrite = True
+    elif resume:
         if found is None:
             raise ValueError(f"--resume: no checkpoint under {output / RUN_NAME}; run without --resume first")
         return found

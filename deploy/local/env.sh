@@ -14,6 +14,9 @@ export PACKFEED_AGENT_PORT="${PACKFEED_AGENT_PORT:-52390}"
 export PACKFEED_CLIENT_PORT="${PACKFEED_CLIENT_PORT:-20091}"
 export PACKFEED_NUM_CPUS="${PACKFEED_NUM_CPUS:-$(nproc)}"
 export PACKFEED_OBJECT_STORE_BYTES="${PACKFEED_OBJECT_STORE_BYTES:-1000000000}"
+# How long `ray job stop` lets a job drain before killing it (Ray's default, 3 s, would cut a
+# serve drain short); read by the job supervisor, so it must be set when the head starts.
+export RAY_JOB_STOP_WAIT_TIME_S="${RAY_JOB_STOP_WAIT_TIME_S:-60}"
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 export RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$PACKFEED_RAY_DIR/auth_token}"
 export RAY_ADDRESS="127.0.0.1:$PACKFEED_RAY_PORT"

@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="where the stream manifest is kept across restarts (default ~/.cache/packfeed/serve)")
     net.add_argument("--grace-seconds", type=float, default=10.0, help="how long SIGTERM waits for in-flight batches")
     net.add_argument("--progress-seconds", type=float, default=30.0, help="seconds between serving status lines")
+    net.add_argument("--exit-on-failure", action="store_true",
+                     help="when the pipeline fails, drain and exit 1 (a job runner then sees the failure) instead of "
+                          "staying up NOT_SERVING with the rows it holds")
     net.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics over HTTP on this port (0: any free port; default: off)")
     net.add_argument("--metrics-host", default=None, help="address of the metrics endpoint (default: --host)")
@@ -192,14 +195,17 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
         logger.error("the pipeline failed, NOT_SERVING from now on: %s: %s", type(cause).__name__, cause)
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if args.exit_on_failure:
+            failed.set()
+            stop.set()
 
+    failed, stop = threading.Event(), threading.Event()
     hub = RowHub(source.open_reader, manifest, capacity=args.buffer_rows, pack_window=source.pack_window,
                  idle_timeout_s=args.idle_timeout_seconds, on_error=reader_failed)
     service = PackFeedService(hub, source, max_batch_rows=args.max_batch_rows, max_consumers=args.max_consumers)
     server, port, health_servicer = build_server(
         service, host=args.host, port=args.port, token=token, tls=tls, max_consumers=args.max_consumers
     )
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     metrics = None
@@ -219,7 +225,7 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
         source.epochs, time.perf_counter() - started, f"; metrics on :{metrics.port}" if metrics else "",
     )
     _status_loop(stop, hub, service, args.progress_seconds)
-    logger.info("draining (%s): finishing in-flight batches", "signal")
+    logger.info("draining (%s): finishing in-flight batches", "the pipeline failed" if failed.is_set() else "signal")
     t0 = time.perf_counter()
     drain(server, service, health_servicer, args.grace_seconds)
     stopped = hub.close(timeout=max(60.0, args.grace_seconds))
@@ -230,7 +236,7 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     shutdown_ray()
     logger.info("stopped (drained in %.1fs%s, Ray shut down in %.1fs)", t1 - t0,
                 "" if stopped else ", the reader did not stop in time", time.perf_counter() - t1)
-    return 0
+    return 1 if failed.is_set() else 0
 
 
 def _pipeline_source(args: argparse.Namespace):

@@ -87,3 +87,24 @@ def test_a_packed_directory_must_fit_the_run():
         check_packed_dir("p", info, 256, tok)
     with pytest.raises(ValueError, match="packed with tokenizer 't'.*use the same tokenizer"):
         check_packed_dir("p", info, 512, SimpleNamespace(name="u", vocab_size=200, pad_id=0))
+
+
+def test_resume_auto_resumes_when_it_can_and_starts_otherwise(tmp_path):
+    import json
+
+    from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
+    from packfeed.trainer.run import _prepare_output
+
+    out = tmp_path / "run"
+    assert _prepare_output(out, resume="auto", overwrite=False) is None  # nothing there: start
+    (out / RUN_NAME).mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("{}\n")  # an attempt that died before its first checkpoint
+    assert _prepare_output(out, resume="auto", overwrite=False) is None
+    assert not (out / "metrics.jsonl").exists(), "its leftovers are cleared"
+    ckpt = out / RUN_NAME / "checkpoint_000003"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_text(json.dumps({"step": 3}))
+    assert _prepare_output(out, resume="auto", overwrite=False) == ckpt
+    assert _prepare_output(out, resume="yes", overwrite=False) == ckpt
+    with pytest.raises(ValueError, match="already holds a training run"):
+        _prepare_output(out, resume=False, overwrite=False)
