@@ -1,7 +1,7 @@
 """Packed rows -> keyword arguments for a Hugging Face causal LM, block-causal on every back-end.
 
 ``model(**to_model_inputs(batch))`` never lets two samples of a row see each other, whatever
-``attn_implementation`` the model was loaded with (see ../shared/DESIGN.md, "Block-causal
+``attn_implementation`` the model was loaded with (see docs/design.md, "Block-causal
 attention"):
 
 * flash back-ends (``flash_attention_2``/``_4``, or packfeed's registered ``varlen`` kernel)

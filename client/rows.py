@@ -1,4 +1,4 @@
-"""The packed row: one convention, defined once (see ../shared/DESIGN.md).
+"""The packed row: one convention, defined once (see docs/design.md).
 
 A row has ``seq_len`` (L) slots holding whole samples (or pieces of samples) back to back,
 then padding. Columns:

@@ -1,6 +1,6 @@
 """Packed rows <-> Arrow tables: the layout of the Ray stream and of the Parquet output.
 
-Every column of DESIGN.md is a list column (``input_ids``, ``labels``, ``position_ids``:
+Every column of the packed row (docs/design.md) is a list column (``input_ids``, ``labels``, ``position_ids``:
 int32 lists of length L; ``seq_lens`` int32 and ``sample_ids`` int64 lists of the row's
 segments) plus ``row_index`` int64. Converting back to numpy copies nothing for a table of
 one chunk: the flat list values are reshaped to [B, L].

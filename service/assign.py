@@ -4,7 +4,7 @@ Used by both consumers of the stream: the gRPC server (``packfeed serve``, one c
 and the Ray Train feeder (``packfeed train``, whose rank's B rows are ``grad_accum``
 micro-batches). Resume records are the same in both: the cursor below.
 
-Contract (shared/DESIGN.md, "Delivery, determinism, resume"): the stream is a sequence of rows
+Contract (docs/design.md, "Delivery, determinism, resume"): the stream is a sequence of rows
 with global indices 0, 1, 2, ... A consumer asks for (rank k, world size N, B rows per batch,
 cursor c). Step s covers the N*B global rows [c + s*N*B, c + (s+1)*N*B); rank k gets the B of
 them with index % N == k, in increasing order. So within a world size the ranks are disjoint,

@@ -39,8 +39,9 @@ class SourceConfig:
 
     ``paths``: files, directories or globs (as INPUT accepts). Per epoch the source gives
     round(``repeat`` x its rows) samples, or, when every source has a ``weight``, a share
-    weight / sum(weights) of ``DataConfig.samples_per_epoch``. ``format``/``loss``: None means
-    the data config's.
+    weight / sum(weights) of ``DataConfig.samples_per_epoch``. ``format``/``loss``/
+    ``block_samples``: None means the data config's (a Parquet source with large row groups
+    reads faster with larger blocks: bench/bench_shuffle.py).
     """
 
     name: str
@@ -49,6 +50,7 @@ class SourceConfig:
     weight: float | None = None
     format: str | None = None
     loss: str | None = None
+    block_samples: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -66,6 +68,8 @@ class SourceConfig:
             _check_choice(f"source {self.name!r}: format", self.format, FORMATS)
         if self.loss is not None:
             _check_choice(f"source {self.name!r}: loss", self.loss, LOSS_MODES)
+        if self.block_samples is not None:
+            _check_int(f"source {self.name!r}: block_samples", self.block_samples, 0)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -54,6 +54,7 @@ class SourcePlan:
     files: tuple[FileScan, ...]
     file_starts: np.ndarray  # int64 [F + 1]: source-local first row of each file, then the total
     samples_per_epoch: int
+    block: int = 0  # rows read together when shuffling (0: file order)
 
     @property
     def num_rows(self) -> int:
@@ -113,7 +114,7 @@ class StreamPlan:
 
     def _order(self, s: SourcePlan) -> SourceOrder:
         if s.index not in self._orders:
-            self._orders[s.index] = SourceOrder(s.num_rows, block=self.block, seed=self.seed, source=s.index)
+            self._orders[s.index] = SourceOrder(s.num_rows, block=s.block, seed=self.seed, source=s.index)
         return self._orders[s.index]
 
     def __getstate__(self) -> dict:
@@ -124,7 +125,7 @@ class StreamPlan:
         a manifest written before an input file changed is not trusted."""
         h = hashlib.sha256()
         for s in self.sources:
-            h.update(f"{s.name}|{s.format}|{s.loss}|{s.samples_per_epoch}".encode())
+            h.update(f"{s.name}|{s.format}|{s.loss}|{s.samples_per_epoch}|{s.block}".encode())
             for f in s.files:
                 h.update(f"{f.path}|{f.kind}|{f.num_rows}".encode())
                 h.update(f.seek_offsets.tobytes())
@@ -149,10 +150,11 @@ class StreamPlan:
 def build_plan(config: DataConfig) -> StreamPlan:
     """Scan every source of ``config`` and plan the stream. Raises ValueError naming the source
     for an empty source or one that contributes nothing per epoch."""
-    stride = config.block_samples if 0 < config.block_samples <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
     planned: list[tuple[Any, tuple[FileScan, ...], np.ndarray, int]] = []
     next_id = 0
     for source in config.sources:
+        block = source_block(config, source)
+        stride = block if 0 < block <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
         scans, first_row = [], 0
         for path, kind in expand_inputs(source.paths):
             fmt = config.source_format(source)
@@ -184,10 +186,15 @@ def build_plan(config: DataConfig) -> StreamPlan:
     total = int(counts.sum())
     window = config.window_samples or auto_window(total)
     sources = [
-        SourcePlan(i, src.name, config.source_format(src), config.source_loss(src), first_id, scans, starts, int(c))
+        SourcePlan(i, src.name, config.source_format(src), config.source_loss(src), first_id, scans, starts, int(c),
+                   source_block(config, src))
         for i, ((src, scans, starts, first_id), c) in enumerate(zip(planned, counts))
     ]
     return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed)
+
+
+def source_block(config: DataConfig, source: Any) -> int:
+    return config.block_samples if source.block_samples is None else source.block_samples
 
 
 def file_pieces(s: SourcePlan, lo: int, hi: int) -> list[Piece]:

@@ -1,7 +1,7 @@
 """Block-causal attention back-ends: which one to load a model with, and PyTorch's varlen kernel.
 
 Every back-end here keeps packed samples apart when the model gets the inputs of
-``packfeed.client.to_model_inputs`` (see ../shared/DESIGN.md, "Block-causal attention"):
+``packfeed.client.to_model_inputs`` (see docs/design.md, "Block-causal attention"):
 
 =====================  ======  ================================================================
 attn_implementation    device  how samples are kept apart

@@ -3,7 +3,7 @@
 Tiny random-weight models of every family, fp32 on CPU. A packed batch of B=4 rows of L=48
 holds samples of lengths 1 to 48 and padding tails; the logits of every segment must equal the
 logits of that segment run alone through the same model. Negative controls show the check is
-not vacuous: the configurations DESIGN.md names as contaminated differ by far more.
+not vacuous: the configurations docs/design.md names as contaminated differ by far more.
 """
 
 from __future__ import annotations

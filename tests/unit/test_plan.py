@@ -180,3 +180,15 @@ def test_plan_pickles_small_and_rebuilds_its_orders(tmp_path):
     blob = pickle.dumps(plan)
     assert len(blob) < 20_000
     assert pickle.loads(blob).window(3) == w
+
+
+def test_block_samples_per_source_overrides_the_data_config(tmp_path):
+    ordered = write_source(tmp_path, "ordered", 300)
+    shuffled = write_source(tmp_path, "shuffled", 300)
+    plan = build_plan(config([SourceConfig(name="ordered", paths=ordered, block_samples=0),
+                              SourceConfig(name="shuffled", paths=shuffled)], window_samples=100, block_samples=8))
+    rows = rows_by_window(plan)
+    first = [r for k in range(plan.num_windows) for r in rows[k].get(0, [])]
+    second = [r for k in range(plan.num_windows) for r in rows[k].get(1, [])]
+    assert first == list(range(300)), "block 0: file order"
+    assert sorted(second) == list(range(300)) and second != list(range(300)), "the config's blocks: shuffled"
