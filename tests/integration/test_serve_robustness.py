@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -258,3 +259,47 @@ def test_more_cpus_per_worker_than_any_node_has_fails_fast(tmp_path, command):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "packing actors: 1 x (64 CPU) do not fit" in proc.stderr and "largest node 2" in proc.stderr
     assert "Traceback" not in proc.stderr and time.monotonic() - start < 90
+
+
+# -- pack under SIGTERM, and the token's reach -------------------------------------------------------
+
+
+def test_pack_under_sigterm_exits_143_and_leaves_no_process(tmp_path):
+    """Issue: `pack` under SIGTERM raised SystemExit: 15 from Ray's atexit and left 7 processes."""
+    log = tmp_path / "pack.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "packfeed.service.cli", "pack", *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512",
+             "--output", str(tmp_path / "out"), "--num-workers", "1", "--progress-seconds", "1"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **ENV}, start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while "samples (" not in log.read_text() and time.monotonic() < deadline:  # a progress line: mid-run
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 143, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "stopped by SIGTERM" in text and "Traceback" not in text and "SystemExit" not in text
+    deadline = time.monotonic() + 10
+    while group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group(proc.pid), [p.name() for p in group(proc.pid)]
+
+
+def test_the_auth_token_does_not_reach_rays_processes(tmp_path):
+    token = "s3cret-" + os.urandom(8).hex()
+    server = ServerProcess(demo_args(), log=tmp_path / "serve.log", state_dir=tmp_path / "state",
+                           env={**ENV, "PACKFEED_AUTH_TOKEN": token})
+    with server:
+        with PackedStream(server.target, batch_rows=4, token=token) as stream:
+            next(iter(stream))  # the packing actors are up
+        children = [p for p in group(server.proc.pid) if p.pid != server.proc.pid]
+        leaked = []
+        for p in children:
+            try:
+                if token in (p.environ().get("PACKFEED_AUTH_TOKEN") or ""):
+                    leaked.append(p.name())
+            except psutil.AccessDenied:
+                continue
+        assert children and any(p.name().startswith("ray::") for p in children)
+        assert not leaked, leaked

@@ -264,9 +264,11 @@ def test_plaintext_client_against_tls_server_gets_no_data(server):
         assert code != OK and raw is None
         code, _, got = stream_batches(plain, request())
         assert code != OK and got == []
-    stream = PackedStream(server.target, token=TOKEN, retry_timeout_s=3, max_backoff_s=0.5)
-    with stream, pytest.raises(StreamError):
+    # The client says what is wrong within seconds, with its default 5 minutes of retries.
+    start = time.monotonic()
+    with PackedStream(server.target, token=TOKEN) as stream, pytest.raises(StreamError) as err:
         next(stream)
+    assert time.monotonic() - start < 30 and "speaks TLS and this client plaintext" in str(err.value)
 
 
 def test_client_trusting_another_ca_gets_no_data(server, certs):
@@ -276,6 +278,11 @@ def test_client_trusting_another_ca_gets_no_data(server, certs):
         assert code == grpc.StatusCode.UNAVAILABLE and raw is None
         code, _, got = stream_batches(ch, request())
         assert code != OK and got == []
+    start = time.monotonic()
+    with PackedStream(server.target, token=TOKEN, tls_ca=certs["other_ca"]) as stream, \
+            pytest.raises(StreamError) as err:
+        next(stream)
+    assert time.monotonic() - start < 30 and "not signed by the CA in tls_ca" in str(err.value)
 
 
 # -- the server's own request checks ----------------------------------------------------------------

@@ -23,10 +23,12 @@ def run(capsys, *argv) -> tuple[int, str]:
 
 
 def one_line_error(err: str, command: str = "pack") -> str:
+    """The one error line (other lines may be the command's info lines, or output a Ray of an
+    earlier test in this session still prints)."""
     assert "Traceback" not in err, err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"packfeed {command}: error: "), err
-    return last
+    errors = [line for line in err.splitlines() if line.startswith(f"packfeed {command}: error: ")]
+    assert len(errors) == 1, err
+    return errors[0]
 
 
 @pytest.fixture
