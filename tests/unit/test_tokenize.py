@@ -376,7 +376,7 @@ def test_qwen_text_and_prompt_completion(qwen):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), style=st.sampled_from(["chatml", "gemma"]))
 def test_span_edges_match_offsets(toks, data, style):
-    from packfeed.service.tokenize import _span_tokens, _span_tokens_from_offsets
+    from packfeed.service.encoders import span_tokens, span_tokens_from_offsets
 
     words = data.draw(st.lists(st.sampled_from(plain_words + ["<|im_end|>", "<end_of_turn>"]), min_size=1, max_size=12))
     gaps = data.draw(st.lists(st.sampled_from([" ", "\n", "          ", ""]), min_size=len(words), max_size=len(words)))
@@ -384,7 +384,7 @@ def test_span_edges_match_offsets(toks, data, style):
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), min_size=2, max_size=6, unique=True)))
     spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if b > a]
     enc = toks[style].backend_tokenizer.encode(text, add_special_tokens=False)
-    assert _span_tokens(enc, spans) == _span_tokens_from_offsets(enc, spans)
+    assert span_tokens(enc, spans) == span_tokens_from_offsets(enc, spans)
 
 
 def test_completion_starting_with_uncovered_characters(toks):
