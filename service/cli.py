@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
-from packfeed.service.config import FORMATS, LOSS_MODES, OVERLONG_POLICIES, STRATEGIES, DataConfig
+from packfeed.service.config import FORMATS, LOSS_MODES, OVERLONG_POLICIES, STRATEGIES, TOKENIZER_BACKENDS, DataConfig
 
 # name -> (module, help). A module provides add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,6 +38,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                    help="JSONL, Parquet, Arrow/Feather, .txt files, directories of them, or HF save_to_disk dirs")
     g.add_argument("--config", type=Path, help="TOML or JSON file whose [data] table gives the base settings")
     g.add_argument("--tokenizer", help="local tokenizer directory or Hugging Face id")
+    g.add_argument("--tokenizer-backend", choices=TOKENIZER_BACKENDS,
+                   help="auto (default): the fast exact encoder where it proves identical ids, else HF; hf; fast")
     g.add_argument("--seq-len", type=int, help="tokens per packed row")
     g.add_argument("--strategy", choices=STRATEGIES, help="bfd: whole samples (SFT); concat: full rows (pretraining)")
     g.add_argument("--overlong", choices=OVERLONG_POLICIES, help="what to do with samples longer than seq-len")
@@ -67,6 +69,7 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     overrides = {
         "inputs": args.inputs or None,
         "tokenizer": args.tokenizer,
+        "tokenizer_backend": args.tokenizer_backend,
         "seq_len": args.seq_len,
         "strategy": args.strategy,
         "overlong": args.overlong,

@@ -17,6 +17,9 @@ STRATEGIES = ("bfd", "concat")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages")
 LOSS_MODES = ("auto", "all", "completion")
+TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenizer_backend.py
+# Fields that choose how rows are computed, not what they are: left out of config_hash().
+NOT_HASHED = ("tokenizer_backend",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +43,7 @@ class DataConfig:
     seed: int = 0
     strict: bool = False
     window_samples: int = 8192
+    tokenizer_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, bytes)) or not self.inputs:
@@ -53,6 +57,7 @@ class DataConfig:
         _check_choice("overlong", self.overlong, OVERLONG_POLICIES)
         _check_choice("format", self.format, FORMATS)
         _check_choice("loss", self.loss, LOSS_MODES)
+        _check_choice("tokenizer_backend", self.tokenizer_backend, TOKENIZER_BACKENDS)
         if not isinstance(self.window_samples, int) or self.window_samples < 1:
             raise ValueError(f"window_samples must be a positive integer, got {self.window_samples!r}")
         if not isinstance(self.seed, int):
@@ -75,8 +80,9 @@ class DataConfig:
         return cls(**d)
 
     def config_hash(self) -> str:
-        """Stable hex digest of every field the stream depends on."""
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        """Stable hex digest of every field the stream depends on (not ``NOT_HASHED``: the
+        tokenizer back-ends give identical rows)."""
+        blob = json.dumps({k: v for k, v in self.to_dict().items() if k not in NOT_HASHED}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

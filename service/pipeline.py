@@ -105,8 +105,9 @@ class WindowActor:
         self.windows = {w.index: w for w in windows}
         self.sink = sink
         self.tokenizer = SampleTokenizer(
-            config.tokenizer, loss=config.loss, add_eos=config.add_eos, strict=config.strict
-        )
+            config.tokenizer, loss=config.loss, add_eos=config.add_eos, strict=config.strict,
+            backend=config.tokenizer_backend, num_threads=threads,
+        )  # fmt: skip
 
     def __call__(self, batch: dict[str, np.ndarray]):
         from packfeed.service.window import process_window
@@ -115,6 +116,7 @@ class WindowActor:
         for index in batch["window"]:
             spec = self.windows[int(index)]
             rows, stats = process_window(spec, self.tokenizer, self.config)
+            stats.note_tokenizer(self.tokenizer)
             # Synchronous: the totals must be in the sink before the rows can be consumed.
             ray.get(self.sink.record.remote(spec.index, stats))
             window = pa.array(np.full(rows.num_rows, spec.index, dtype=np.int64))

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--buffer-rows must be >= 128, got {args.buffer_rows}")
 
     started = time.perf_counter()
-    tokenizer = SampleTokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+    tokenizer = SampleTokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                                backend=config.tokenizer_backend)  # fmt: skip
     meta = StreamMeta(
         seq_len=config.seq_len,
         tokenizer_name=tokenizer.name,

@@ -28,6 +28,8 @@ class WindowStats:
     tokens: int = 0  # real (non-padding) tokens in rows
     trained_tokens: int = 0  # labels != IGNORE_INDEX
     windows: int = 0
+    tokenizer_backends: Counter = field(default_factory=Counter)  # back-end -> windows it tokenized
+    tokenizer_checks: list[dict[str, Any]] = field(default_factory=list)  # per actor: its choice, and why
 
     def merge(self, other: "WindowStats") -> None:
         for f in dataclasses.fields(self):
@@ -38,6 +40,14 @@ class WindowStats:
                 self.skip_examples.extend(other.skip_examples[: max(room, 0)])
             else:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def note_tokenizer(self, tokenizer: Any) -> None:
+        """Count this window under the back-end that tokenized it (``SampleTokenizer.backend``);
+        the first window of each actor also carries the actor's choice and its checks."""
+        self.tokenizer_backends[tokenizer.backend] += 1
+        report = tokenizer.take_backend_report()
+        if report is not None:
+            self.tokenizer_checks.append(report)
 
     def check_accounting(self) -> None:
         accounted = self.samples_packed + sum(self.skipped.values()) + self.dropped
@@ -67,6 +77,8 @@ class WindowStats:
             "seq_len": seq_len,
             "seconds": round(seconds, 3),
             "tokens_per_second": self.tokens / seconds if seconds > 0 else 0.0,
+            "tokenizer_backend": {"windows": dict(sorted(self.tokenizer_backends.items())),
+                                  "checks": self.tokenizer_checks},  # fmt: skip
         }
 
 
@@ -86,6 +98,9 @@ def format_summary(stats: dict[str, Any]) -> str:
         ("seconds", f"{stats['seconds']:.2f}"),
         ("tokens/s", f"{stats['tokens_per_second']:,.0f}"),
     ]
+    windows = stats.get("tokenizer_backend", {}).get("windows")
+    if windows:
+        lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
     for ex in stats["skip_examples"]:

@@ -56,7 +56,8 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
 
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
-    tokenizer = SampleTokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
+    tokenizer = SampleTokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
+                                backend=run.data.tokenizer_backend)  # fmt: skip
     use_gpu = run.scaling.use_gpu == "yes" or (
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
