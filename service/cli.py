@@ -104,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
     from packfeed.service.pipeline import PackedStream, Scaling, init_ray
     from packfeed.service.sources import expand_inputs
     from packfeed.service.stats import format_summary
+    from packfeed.service.tokenizer_backend import check_fast_backend
     from packfeed.service.writer import ParquetRowWriter
 
     config = data_config_from_args(args, load_config_file(args.config))
     expand_inputs(config.inputs)  # a missing input fails here, before Ray starts
+    check_fast_backend(config)  # and so does a tokenizer that --tokenizer-backend fast cannot reproduce
     writer = ParquetRowWriter(args.output, seq_len=config.seq_len, overwrite=args.overwrite)
     start = time.perf_counter()
     print(init_ray(args.address), file=sys.stderr)

@@ -240,8 +240,7 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
                 quicktok.import_tokenizer(path, "packfeed", data_dir=workdir)
             quick = quicktok.Tokenizer("packfeed", workdir)
         except Exception as e:  # quicktok.importer.ImportRefused, or a file it could not read
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-            raise FastPathRefused(f"quicktok refused the import: {' '.join(lines)[:300]}") from None
+            raise FastPathRefused(f"quicktok refused the import: {_first_reason(str(e))}") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     imported = time.perf_counter()
@@ -267,6 +266,25 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
         **checked,
         "stress_seconds": round(time.perf_counter() - imported, 3),
     }
+
+
+def _first_reason(message: str) -> str:
+    """quicktok's refusal in one line: "REFUSED: unrecognized pretokenizer pattern — ...
+    pattern: X ..." -> "unrecognized pretokenizer pattern (pattern: X)"."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [message]
+    head = lines[0].removeprefix("REFUSED:").split(" — ")[0].strip()
+    pattern = next((line for line in lines[1:] if line.startswith("pattern:")), None)
+    return f"{head} ({pattern[:160]})" if pattern else head[:300]
+
+
+def check_fast_backend(config: Any) -> None:
+    """Under ``tokenizer_backend="fast"``, load the tokenizer here and run steps 1-3, so that a
+    refusal stops ``packfeed pack`` before Ray starts (inside an actor it would surface as Ray's
+    error). Costs a tokenizer load plus ~2 s; does nothing for "auto" and "hf"."""
+    if config.tokenizer_backend == "fast":
+        from .tokenize import SampleTokenizer
+
+        SampleTokenizer(config.tokenizer, add_eos=False, backend="fast", num_threads=1)
 
 
 def _post_tokens(backend: Any) -> tuple[list[int], list[int]]:
