@@ -33,6 +33,7 @@ skipped with HF's own reason and message.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from itertools import chain
 from typing import Any, Sequence
@@ -164,9 +165,13 @@ class FastEncoder:
     """quicktok ids; token positions from byte lengths (see the module docstring).
 
     ``byte_lengths[id]``: UTF-8 length of each token (special tokens: their text).
-    ``prefix``/``suffix``: the ids the HF post-processor adds around every text when asked
-    for special tokens (e.g. a BOS), proven constant at load. ``nfc``: the tokenizer
-    normalizes to NFC. ``threads``: quicktok worker threads per batch (the actor's CPUs).
+    ``added``: the tokenizer's added tokens (text -> id), split out of every text first, as
+    HF does (leftmost, longest first), the text between them encoded as ordinary text: 4x
+    quicker than quicktok's own special-token scan on chat text (measured 14.9 vs 3.5M
+    tokens/s). ``prefix``/``suffix``: the ids the HF post-processor adds around every text
+    when asked for special tokens (e.g. a BOS), proven constant at load. ``nfc``: the
+    tokenizer normalizes to NFC. ``threads``: quicktok worker threads per batch (the actor's
+    CPUs).
     """
 
     name = "fast"
@@ -177,6 +182,7 @@ class FastEncoder:
         reference: HFEncoder,
         *,
         byte_lengths: np.ndarray,
+        added: dict[str, int] | None = None,
         prefix: Sequence[int] = (),
         suffix: Sequence[int] = (),
         nfc: bool = False,
@@ -189,17 +195,18 @@ class FastEncoder:
         self.prefix = np.asarray(prefix, dtype=np.int32)
         self.suffix = np.asarray(suffix, dtype=np.int32)
         self.nfc, self.threads = nfc, threads
+        self.added = dict(added or {})
+        by_length = sorted(self.added, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")").split if by_length else None
         self.texts_by_reference = 0  # texts the fast path handed to HF (counted, reported)
 
     def encode(self, texts: Sequence[str], *, special: bool, edges: bool) -> Encoded:
         texts = texts if isinstance(texts, list) else list(texts)
         try:
-            flat, offsets = self.quick.encode_batch(texts, self.threads, True)
+            lengths, ids = self._ids(texts)
         except Exception:  # e.g. a lone surrogate: HF decides, text by text, with its own reason
             self.texts_by_reference += len(texts)
             return self.reference.encode(texts, special=special, edges=edges)
-        lengths = np.diff(offsets)
-        ids = flat.astype(np.int32)
         nbytes = self.byte_lengths[ids] if edges else None
         if special and (len(self.prefix) or len(self.suffix)):
             lengths, ids, nbytes = _add_post_tokens(lengths, ids, nbytes, self.prefix, self.suffix)
@@ -212,6 +219,37 @@ class FastEncoder:
                 by_reference = dict(zip(odd, encs))
                 lengths, ids, nbytes = _splice(lengths, ids, nbytes, by_reference)
         return FastEncoded(texts, lengths, ids, nbytes, by_reference, self.reference, special)
+
+
+    def _ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths int64 [m], ids int32 [T]): added tokens split out, the rest one batch.
+
+        For "hi<|im_end|>\n" the pieces are "hi", "\n" and the unit lengths [1, 1, 1]
+        (piece, added token, piece): one encode_batch for all pieces of all texts, then the
+        added tokens' ids are put between them with two masked assignments.
+        """
+        if self._split is None:
+            flat, offsets = self.quick.encode_batch(texts, self.threads, False)
+            return np.diff(offsets), flat.view(np.int32)
+        pieces, added, units = [], [], []
+        for text in texts:
+            parts = self._split(text)  # [piece, added, piece, ..., piece]: odd length
+            pieces += parts[0::2]
+            added += parts[1::2]
+            units.append(len(parts))
+        flat, offsets = self.quick.encode_batch(pieces, self.threads, False)
+        if not added:
+            return np.diff(offsets), flat.view(np.int32)
+        units = np.asarray(units, dtype=np.int64)
+        first_unit = np.cumsum(units) - units
+        is_added = ((np.arange(int(units.sum())) - np.repeat(first_unit, units)) & 1).astype(bool)
+        unit_lengths = np.ones(len(is_added), dtype=np.int64)
+        unit_lengths[~is_added] = np.diff(offsets)
+        token_is_added = np.repeat(is_added, unit_lengths)
+        ids = np.empty(len(token_is_added), dtype=np.int32)
+        ids[~token_is_added] = flat.view(np.int32)
+        ids[token_is_added] = np.fromiter(map(self.added.__getitem__, added), np.int32, len(added))
+        return np.add.reduceat(unit_lengths, first_unit), ids
 
 
 class FastEncoded(Encoded):

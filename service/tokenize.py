@@ -448,30 +448,25 @@ def _merge(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 
 def _append_eos(lengths: np.ndarray, ids: np.ndarray, trained: np.ndarray, eos: int):
-    """Append ``eos`` to each sample not ending with it; it is trained if the token before is."""
+    """Append ``eos`` to each sample not ending with it; it is trained if the token before is.
+    lengths [2, 1], ids [5, 6, 7], eos 0 -> lengths [3, 2], ids [5, 6, 0, 7, 0]."""
     n = len(lengths)
-    ends = np.cumsum(lengths) - 1
+    ends = np.cumsum(lengths)  # one past each sample's last token
     nonempty = lengths > 0
     need = np.ones(n, dtype=bool)
-    need[nonempty] = ids[ends[nonempty]] != eos
+    need[nonempty] = ids[ends[nonempty] - 1] != eos
     if not need.any():
         return lengths, ids, trained
-    new_lengths = lengths + need
-    new_ends = np.cumsum(new_lengths) - 1
-    dest = np.arange(len(ids), dtype=np.int64) + np.repeat(new_ends - ends - need, lengths)
-    out_ids = np.empty(int(new_lengths.sum()), dtype=np.int32)
-    out_trained = np.empty(len(out_ids), dtype=bool)
-    out_ids[dest] = ids
-    out_trained[dest] = trained
     last_trained = np.zeros(n, dtype=bool)
-    last_trained[nonempty] = trained[ends[nonempty]]
-    out_ids[new_ends[need]] = eos
-    out_trained[new_ends[need]] = last_trained[need]
-    return new_lengths, out_ids, out_trained
+    last_trained[nonempty] = trained[ends[nonempty] - 1]
+    at = ends[need]  # np.insert keeps equal positions in order (empty samples)
+    return lengths + need, np.insert(ids, at, np.int32(eos)), np.insert(trained, at, last_trained[need])
 
 
 def _has_trained_token_after_first(lengths: np.ndarray, trained: np.ndarray) -> np.ndarray:
     """Per sample: is any token after its first trained? (The packer masks the first.)"""
+    if trained.all():  # text and loss="all": only one-token samples have nothing to train
+        return lengths > 1
     counts = np.concatenate(([0], np.cumsum(trained, dtype=np.int64)))
     starts = _segment_starts(lengths)
     n_trained = counts[starts + lengths] - counts[starts]

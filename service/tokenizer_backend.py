@@ -254,7 +254,8 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
             pass
     reference = HFEncoder(backend)
     prefix, suffix = _post_tokens(backend)
-    encoder = FastEncoder(quick, reference, byte_lengths=byte_lengths, prefix=prefix, suffix=suffix,
+    added = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    encoder = FastEncoder(quick, reference, byte_lengths=byte_lengths, added=added, prefix=prefix, suffix=suffix,
                           nfc=(spec.get("normalizer") or {}).get("type") == "NFC", threads=threads)  # fmt: skip
     probes = stress_texts(spec, texts)
     checked = compare_encoders(reference, encoder, probes)

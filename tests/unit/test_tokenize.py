@@ -389,3 +389,20 @@ def test_completion_starting_with_uncovered_characters(toks):
     # the WordLevel pre-tokenizer drops spaces: the first completion token is 11 characters in
     out = SampleTokenizer(toks["chatml"]).tokenize(window([PromptCompletion("the sky is", "           blue")]))
     assert shown(toks["chatml"], out) == ["the sky is [blue </s>]"]
+
+
+@pytest.mark.parametrize(
+    "lengths, ids, trained, expected_ids, expected_trained",
+    [
+        pytest.param([2, 1], [5, 6, 7], [1, 1, 0], [5, 6, 0, 7, 0], [1, 1, 1, 0, 0], id="eos-trained-like-the-token-before"),
+        pytest.param([2, 0, 1], [5, 0, 7], [1, 1, 1], [5, 0, 0, 7, 0], [1, 1, 0, 1, 1], id="ends-with-eos-and-empty"),
+    ],
+)  # fmt: skip
+def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
+    from packfeed.service.tokenize import _append_eos
+
+    new_lengths, out_ids, out_trained = _append_eos(
+        np.asarray(lengths, np.int64), np.asarray(ids, np.int32), np.asarray(trained, bool), 0
+    )
+    assert out_ids.tolist() == expected_ids and out_trained.astype(int).tolist() == expected_trained
+    assert out_ids.dtype == np.int32 and new_lengths.sum() == len(out_ids)
