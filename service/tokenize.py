@@ -413,7 +413,25 @@ class _ChatRenderer:
 # ---- token ranges to vectorised masks ------------------------------------------------------
 def _ranges_to_mask(lengths: np.ndarray, ranges: list[list[tuple[int, int]]]) -> np.ndarray:
     """Per-sample token ranges -> flat bool mask. lengths [3, 2], ranges [[(1, 3)], [(0, 1)]]
-    -> [0, 1, 1, 1, 0]."""
+    -> [0, 1, 1, 1, 0]. Sorted, disjoint ranges (every template's spans) become runs for one
+    np.repeat (~0.5 ns/token); others are united through a count of range edges (~6 ns/token)."""
+    values, runs = [], []
+    for n, rs in zip(lengths.tolist(), ranges):
+        pos = 0
+        for a, b in rs:
+            if b <= a:
+                continue
+            if a < pos or b > n:
+                return _ranges_to_mask_by_edges(lengths, ranges)
+            values += (False, True)
+            runs += (a - pos, b - a)
+            pos = b
+        values.append(False)
+        runs.append(n - pos)
+    return np.repeat(np.asarray(values, dtype=bool), np.asarray(runs, dtype=np.int64))
+
+
+def _ranges_to_mask_by_edges(lengths: np.ndarray, ranges: list[list[tuple[int, int]]]) -> np.ndarray:
     total = int(lengths.sum())
     base = (np.cumsum(lengths) - lengths).tolist()
     lo = [b + a for b, rs in zip(base, ranges) for a, e in rs if e > a]

@@ -406,3 +406,14 @@ def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
     )
     assert out_ids.tolist() == expected_ids and out_trained.astype(int).tolist() == expected_trained
     assert out_ids.dtype == np.int32 and new_lengths.sum() == len(out_ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ranges_to_mask_equals_a_per_token_union(data):
+    from packfeed.service.tokenize import _ranges_to_mask
+
+    lengths = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
+    ranges = [data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=3)) for n in lengths]
+    expected = [any(a <= t < b for a, b in rs) for n, rs in zip(lengths, ranges) for t in range(n)]
+    assert _ranges_to_mask(np.asarray(lengths, np.int64), ranges).tolist() == expected
