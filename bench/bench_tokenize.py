@@ -1,0 +1,410 @@
+"""Tokenizer back-ends: raw encoder rates and `packfeed pack` with each, in one run.
+
+    .venv/bin/python bench/bench_tokenize.py            # >= 50M tokens, ~10 minutes on 2 cores
+    .venv/bin/python bench/bench_tokenize.py --quick    # ~12M tokens, ~3 minutes
+    .venv/bin/python bench/bench_tokenize.py --only text|chat [--backends fast]
+
+Corpus: real text found on this machine, in a fixed order: the Python standard library's
+sources and text files, then the installed packages' sources and docs (.py .rst .md .txt),
+cut at line boundaries into documents of at most 6,000 characters, until ``--tokens``.
+``text`` packs those documents as text samples (every token trained); ``chat`` packs the same
+chunks of 2,000 characters as two-turn conversations ("Show me <file>, part k" -> the chunk,
+"And the next part?" -> the next chunk) with the loss on the assistant turns only, through
+Qwen2.5's chat template.
+
+Tokenizer: Qwen2.5's 151k byte-level BPE, built offline from the quicktok-v1 wheel (the same
+construction as the tests, tests/unit/tokenizer_fixtures.py).
+
+References, measured in this run on the same texts (chat: the rendered conversations), timing
+only the encode calls: raw HF ``tokenizers`` ``encode_batch_fast`` on one core
+(RAYON_NUM_THREADS=1), and raw quicktok ``encode_batch`` on one thread. Measured: a fresh
+``packfeed pack`` process per back-end (embedded Ray, one actor per CPU, read -> render ->
+encode -> pack -> Arrow -> Ray -> Parquet): steady tokens/s once every worker has delivered
+(stats.json), end to end with start-up, time to the first row, peak RSS of the process tree.
+Then where one packing window's time goes, stage by stage, in this process (one core).
+
+Goals (issue #12): text, fast pipeline >= 10x raw HF one core and >= 1.5x raw fast one core;
+chat with completion-only loss, fast pipeline >= 5x raw HF one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SUFFIXES = (".py", ".rst", ".md", ".txt")
+CHARS_PER_TOKEN = 3.3  # code and docs with Qwen2.5's vocabulary; only sizes the corpus
+
+
+# ---- corpus --------------------------------------------------------------------------------------
+def source_files() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    packages = Path(sysconfig.get_paths()["purelib"])
+    first = sorted(p for p in stdlib.rglob("*") if p.suffix in SUFFIXES and "site-packages" not in p.parts)
+    return first + sorted(p for p in packages.rglob("*") if p.suffix in SUFFIXES)
+
+
+def chunks(max_chars: int, budget_chars: int):
+    """(file, part, text) chunks of at most ``max_chars`` at line boundaries, ``budget_chars`` in all."""
+    total = 0
+    for path in source_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        part, cur, n = 0, [], 0
+        for line in text.splitlines(keepends=True) + [None]:
+            if line is None or (n + len(line) > max_chars and cur):
+                chunk = "".join(cur)
+                if chunk.strip():
+                    yield str(path.name), part, chunk
+                    part += 1
+                    total += len(chunk)
+                    if total >= budget_chars:
+                        return
+                cur, n = [], 0
+            if line is not None:
+                cur.append(line[:max_chars])
+                n += len(cur[-1])
+
+
+def write_corpora(work: Path, tokens: int) -> dict[str, Path]:
+    budget = int(tokens * CHARS_PER_TOKEN)
+    text = work / "text.jsonl"
+    with open(text, "w", encoding="utf-8") as f:
+        for _, _, chunk in chunks(6000, budget):
+            f.write(json.dumps({"text": chunk}, ensure_ascii=False) + "\n")
+    chat = work / "chat.jsonl"
+    with open(chat, "w", encoding="utf-8") as f:
+        pending = None
+        for name, part, chunk in chunks(2000, budget // 2):
+            if pending is None:
+                pending = (name, part, chunk)
+                continue
+            (n0, p0, c0), pending = pending, None
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": f"Show me {n0}, part {p0 + 1}."},
+                {"role": "assistant", "content": c0},
+                {"role": "user", "content": "And the next part?"},
+                {"role": "assistant", "content": chunk},
+            ]}, ensure_ascii=False) + "\n")  # fmt: skip
+    return {"text": text, "chat": chat}
+
+
+def qwen_tokenizer(cache: Path) -> str:
+    out = cache / "qwen2.5"
+    if not (out / "tokenizer.json").exists():
+        sys.path.insert(0, str(REPO / "tests" / "unit"))
+        from tokenizer_fixtures import qwen_tokenizer_dir
+
+        qwen_tokenizer_dir(str(out))
+    return str(out)
+
+
+# ---- raw references (fresh processes, one core each) ----------------------------------------------
+RAW_SCRIPT = r"""
+import json, sys, time
+kind, tokenizer, corpus = sys.argv[1:4]
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(tokenizer)
+rows = [json.loads(line) for line in open(corpus, encoding="utf-8")]
+if "messages" in rows[0]:
+    texts = [tok.apply_chat_template(r["messages"], tokenize=False) for r in rows]
+else:
+    texts = [r["text"] for r in rows]
+if kind == "hf":
+    backend = tok.backend_tokenizer
+    encode = lambda batch: sum(len(e.ids) for e in backend.encode_batch_fast(batch, add_special_tokens=False))
+else:
+    from packfeed.service.tokenizer_backend import load_fast
+    fast, _ = load_fast(tok.backend_tokenizer, threads=1)
+    special = kind == "fast_special"  # quicktok's own special-token scan; else ordinary text
+    encode = lambda batch: len(fast.quick.encode_batch(batch, 1, special)[0])
+tokens, seconds = 0, 0.0
+for i in range(0, len(texts), 1024):
+    t0 = time.perf_counter()
+    tokens += encode(texts[i:i + 1024])
+    seconds += time.perf_counter() - t0
+print(json.dumps({"tokens": tokens, "seconds": seconds, "chars": sum(map(len, texts))}))
+"""
+
+
+def raw_rate(kind: str, tokenizer: str, corpus: Path) -> dict:
+    env = {**os.environ, "RAYON_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", RAW_SCRIPT, kind, tokenizer, str(corpus)],
+                         check=True, capture_output=True, text=True, env=env)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- packfeed pack ------------------------------------------------------------------------------
+def process_group(proc: psutil.Process, root: int) -> str:
+    if proc.pid == root:
+        return "driver"
+    cmdline = " ".join(proc.cmdline())
+    return "packing actors" if "MapWorker" in cmdline or "WindowActor" in cmdline else "Ray system"
+
+
+def run_pack(tokenizer: str, corpus: Path, out: Path, backend: str, args) -> dict:
+    """A fresh `packfeed pack` process; samples the RSS of its whole process tree and the CPU
+    time of its processes by group (driver, packing actors, the rest of Ray)."""
+    cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", str(corpus), "--tokenizer", tokenizer,
+           "--seq-len", str(args.seq_len), "--window-samples", str(args.window_samples),
+           "--tokenizer-backend", backend, "--output", str(out), "--overwrite"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = [0]
+    cpu: dict[int, tuple[str, float]] = {}  # pid -> (group, CPU seconds last seen)
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                peak[0] = max(peak[0], sum(p.memory_info().rss for p in procs))
+                for p in procs:
+                    times = p.cpu_times()
+                    cpu[p.pid] = (process_group(p, proc.pid), times.user + times.system)
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, stderr = proc.communicate()
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"packfeed pack failed:\n{stderr[-3000:]}")
+    stats = json.loads((out / "stats.json").read_text())
+    groups: dict[str, float] = {}
+    for group, seconds in cpu.values():
+        groups[group] = groups.get(group, 0.0) + seconds
+    return {**stats, "peak_tree_mb": peak[0] / 2**20, "cpu_seconds": groups}
+
+
+# ---- stages of one window, in this process ------------------------------------------------------
+def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, float]:
+    """Seconds per stage of one window, one core, after a first window that pays the back-end's
+    proof and warms every stage: read, render (chat templates), encode, masks (the rest of
+    tokenize), pack, assemble, Arrow, Parquet (the driver's write)."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    from transformers import AutoTokenizer
+
+    from packfeed.service.arrow_rows import rows_to_arrow
+    from packfeed.service.config import DataConfig
+    from packfeed.service.packing import assemble_rows, pack
+    from packfeed.service.sources import plan_windows, read_window
+    from packfeed.service.tokenize import SampleTokenizer, _ChatRenderer
+    from packfeed.service.window import row_order
+    from packfeed.service.writer import ParquetRowWriter
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    st = SampleTokenizer(tok, backend=backend, num_threads=1)
+    renderer = _ChatRenderer(tok, "bench")
+    config = DataConfig(inputs=(str(corpus),), tokenizer=tokenizer, seq_len=args.seq_len,
+                        window_samples=args.window_samples)  # fmt: skip
+    specs = plan_windows(config.inputs, window_samples=config.window_samples)
+    writer_dir = tempfile.mkdtemp(prefix="packfeed-bench-stages-")
+    writer = ParquetRowWriter(writer_dir, seq_len=config.seq_len)
+    for spec in specs[: min(2, len(specs))]:  # the last one is measured
+        t = {}
+        t0 = time.perf_counter()
+        raw = read_window(spec)
+        t["read"] = time.perf_counter() - t0
+        texts, t["render"] = raw.records, 0.0
+        if raw.records and not isinstance(raw.records[0], str):
+            t0 = time.perf_counter()
+            texts = [renderer.conversation(r.messages, r.tools, False)[0] for r in raw.records]
+            t["render"] = time.perf_counter() - t0
+        samples = st.tokenize(raw)
+        t0 = time.perf_counter()
+        st._encoders.encoder.encode(texts, special=t["render"] == 0, edges=t["render"] > 0)
+        t["encode"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        samples = st.tokenize(raw)
+        t["masks"] = max(0.0, time.perf_counter() - t0 - t["render"] - t["encode"])
+        t0 = time.perf_counter()
+        packing = pack(samples.lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong)
+        t["pack"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows = assemble_rows(packing, samples.tokens, samples.labels, samples.offsets, samples.sample_ids,
+                             seq_len=config.seq_len, pad_id=st.pad_id,
+                             row_order=row_order(config.seed, spec.index, packing.num_rows))  # fmt: skip
+        t["assemble"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows_to_arrow(rows)
+        t["arrow"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        writer.write(rows)
+        t["parquet"] = time.perf_counter() - t0
+        t["tokens"] = float(len(samples.tokens))
+    writer.close(config={}, stats={})
+    shutil.rmtree(writer_dir, ignore_errors=True)
+    return t
+
+
+STREAM_SCRIPT = r"""
+import json, sys, time
+from packfeed.service.config import DataConfig
+from packfeed.service.pipeline import PackedStream, init_ray
+corpus, tokenizer, backend, seq_len, window = sys.argv[1:6]
+start = time.perf_counter()
+init_ray("local")
+config = DataConfig(inputs=(corpus,), tokenizer=tokenizer, seq_len=int(seq_len), window_samples=int(window),
+                    tokenizer_backend=backend)
+stream = PackedStream(config)
+timeline, tokens = [], 0
+for rows in stream.iter_rows():
+    tokens += rows.num_real_tokens
+    timeline.append((time.perf_counter() - start, tokens))
+k = stream.num_workers - 1
+(t0, n0), (t1, n1) = timeline[k], timeline[-1]
+print(json.dumps({"steady": (n1 - n0) / (t1 - t0) if len(timeline) > 2 * (k + 1) else 0.0,
+                  "first_row_seconds": timeline[0][0], "tokens": tokens}))
+"""
+
+
+def run_stream(tokenizer: str, corpus: Path, backend: str, args) -> dict:
+    """The packed stream read in-process (what the trainer and the gRPC server consume): no Parquet."""
+    cmd = [sys.executable, "-c", STREAM_SCRIPT, str(corpus), tokenizer, backend, str(args.seq_len),
+           str(args.window_samples)]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+STAGE_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from types import SimpleNamespace
+from bench_tokenize import stage_times
+args = SimpleNamespace(seq_len=int(sys.argv[5]), window_samples=int(sys.argv[6]))
+print(json.dumps(stage_times(sys.argv[2], __import__("pathlib").Path(sys.argv[3]), sys.argv[4], args)))
+"""
+
+
+def stages(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, float]:
+    cmd = [sys.executable, "-c", STAGE_SCRIPT, str(REPO / "bench"), tokenizer, str(corpus), backend,
+           str(args.seq_len), str(args.window_samples)]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- report -----------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=55_000_000, help="approximate size of the text corpus")
+    parser.add_argument("--quick", action="store_true", help="12M tokens, windows of 512 samples")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--window-samples", type=int, default=2048)
+    parser.add_argument("--only", choices=("text", "chat"), help="one corpus")
+    parser.add_argument("--backends", default="hf,fast", help="comma-separated back-ends to pack with")
+    args = parser.parse_args()
+    tokens = 12_000_000 if args.quick else args.tokens
+    if args.quick:
+        args.window_samples = 512
+    backends = args.backends.split(",")
+
+    work = Path(tempfile.mkdtemp(prefix="packfeed-bench-tok-"))
+    tokenizer = qwen_tokenizer(REPO / "runs" / "bench-cache")
+    corpora = write_corpora(work, tokens)
+    kinds = [args.only] if args.only else ["text", "chat"]
+    print(f"Qwen2.5 tokenizer; {os.cpu_count()} CPUs; seq_len {args.seq_len}; windows of {args.window_samples} "
+          f"samples; work dir {work}\n")  # fmt: skip
+    results = {}
+    for kind in kinds:
+        corpus = corpora[kind]
+        res = {kind_: raw_rate(kind_, tokenizer, corpus) for kind_ in ("hf", "fast", "fast_special")}
+        res["raw_hf"], res["raw_fast"] = res.pop("hf"), res.pop("fast")
+        for backend in backends:
+            res[backend] = run_pack(tokenizer, corpus, work / f"out-{kind}-{backend}", backend, args)
+            shutil.rmtree(work / f"out-{kind}-{backend}")
+            res[f"stream_{backend}"] = run_stream(tokenizer, corpus, backend, args)
+            res[f"stages_{backend}"] = stages(tokenizer, corpus, backend, args)
+        results[kind] = res
+        print_kind(kind, corpus, res, backends)
+    print_goals(results, backends)
+
+
+def rate(r: dict) -> float:
+    return r["tokens"] / r["seconds"]
+
+
+def print_kind(kind: str, corpus: Path, res: dict, backends: list[str]) -> None:
+    hf1, fast1 = rate(res["raw_hf"]), rate(res["raw_fast"])
+    print(f"## {kind}: {corpus.stat().st_size / 2**20:.0f} MB, {res['raw_hf']['tokens']:,} tokens "
+          f"(encoded alone, {res['raw_hf']['chars'] / res['raw_hf']['tokens']:.2f} chars/token)\n")  # fmt: skip
+    header = ("measure", "tokens/s", "x raw HF 1 core", "x raw fast 1 core", "first row s", "peak tree MB", "note")
+    print(" | ".join(header))
+    print(" | ".join("---" for _ in header))
+    print(f"raw HF tokenizers, 1 core | {hf1:,.0f} | 1.00 | {hf1 / fast1:.2f} | | | encode_batch_fast only")
+    print(f"raw fast (quicktok), 1 core | {fast1:,.0f} | {fast1 / hf1:.2f} | 1.00 | | | encode_batch, ordinary text")
+    special1 = rate(res["fast_special"])
+    print(f"raw fast (quicktok), 1 core, its special-token scan | {special1:,.0f} | {special1 / hf1:.2f} | "
+          f"{special1 / fast1:.2f} | | | encode_batch(with_special=True)")
+    for backend in backends:
+        s = res[backend]
+        steady, e2e = s["steady_tokens_per_second"], s["tokens"] / s["seconds"]
+        checks = s["tokenizer_backend"]["checks"]
+        proof = max((c.get("seconds", 0) + c.get("checks", {}).get("import_seconds", 0) for c in checks), default=0)
+        note = f"{s['tokenizer_backend']['windows']}; proof {proof:.1f}s/actor" if backend != "hf" else ""
+        print(f"pack --tokenizer-backend {backend}, {s['num_workers']} workers, steady | {steady:,.0f} | "
+              f"{steady / hf1:.2f} | {steady / fast1:.2f} | {s['first_row_seconds']:.1f} | {s['peak_tree_mb']:.0f} | {note}")
+        print(f"pack --tokenizer-backend {backend}, end to end | {e2e:,.0f} | {e2e / hf1:.2f} | {e2e / fast1:.2f} | | | "
+              f"{s['seconds']:.1f}s incl. Ray start {s['ray_init_seconds']:.1f}s")  # fmt: skip
+        r = res[f"stream_{backend}"]
+        print(f"stream only ({backend}; no Parquet), steady | {r['steady']:,.0f} | {r['steady'] / hf1:.2f} | "
+              f"{r['steady'] / fast1:.2f} | {r['first_row_seconds']:.1f} | | PackedStream.iter_rows in-process")
+    print()
+    print(f"`packfeed pack`, whole run: CPU seconds by process group per 1M tokens (and as cores busy)")
+    groups = ("driver", "packing actors", "Ray system")
+    print("back-end | " + " | ".join(groups) + " | wall")
+    print(" | ".join("---" for _ in range(len(groups) + 2)))
+    for backend in backends:
+        s = res[backend]
+        per = 1e6 / s["tokens"]
+        print(f"{backend} | " + " | ".join(
+            f"{s['cpu_seconds'].get(g, 0) * per:.2f} ({s['cpu_seconds'].get(g, 0) / s['seconds']:.2f})" for g in groups
+        ) + f" | {s['seconds'] * per:.2f}")  # fmt: skip
+    print()
+    stage_names = ("read", "render", "encode", "masks", "pack", "assemble", "arrow", "parquet")
+    print("one window, 1 core, ms per 1M tokens | " + " | ".join(stage_names) + " | total")
+    print(" | ".join("---" for _ in range(len(stage_names) + 2)))
+    for backend in backends:
+        t = res[f"stages_{backend}"]
+        per = {k: 1e9 * t[k] / t["tokens"] for k in stage_names}
+        print(f"{backend} | " + " | ".join(f"{per[k]:.0f}" for k in stage_names) + f" | {sum(per.values()):.0f}")
+    print()
+
+
+def print_goals(results: dict, backends: list[str]) -> None:
+    if "fast" not in backends:
+        return
+    lines = []
+    if "text" in results:
+        r = results["text"]
+        steady = r["fast"]["steady_tokens_per_second"]
+        a, b = steady / rate(r["raw_hf"]), steady / rate(r["raw_fast"])
+        lines.append(f"text, fast pipeline steady: {a:.1f}x raw HF 1 core (goal 10x: {'met' if a >= 10 else 'NOT met'}), "
+                     f"{b:.2f}x raw fast 1 core (goal 1.5x: {'met' if b >= 1.5 else 'NOT met'})")  # fmt: skip
+    if "chat" in results:
+        r = results["chat"]
+        a = r["fast"]["steady_tokens_per_second"] / rate(r["raw_hf"])
+        lines.append(f"chat, completion-only loss, fast pipeline steady: {a:.1f}x raw HF 1 core "
+                     f"(goal 5x: {'met' if a >= 5 else 'NOT met'})")  # fmt: skip
+    print("goals (steady state, ratios within this run):\n  " + "\n  ".join(lines))
+
+
+if __name__ == "__main__":
+    main()
