@@ -17,7 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tokenize import check_invariants, window
-from tokenizer_fixtures import byte_level_bpe, qwen_pattern, qwen_tokenizer_dir, sample, word_tokenizer
+from tokenizer_fixtures import (
+    merge_order_trap,
+    qwen_tokenizer_dir,
+    sample,
+    small_bpe,
+    transformers_tokenizer,
+    word_tokenizer,
+)
 
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
@@ -209,28 +216,12 @@ def test_text_the_tokenizer_refuses_is_the_same_skip_under_both(hf, fast):
 
 
 # ---- the choice, the proof, the refusals -------------------------------------------------------
-def small_bpe(**kwargs):
-    """A 2,000-token byte-level BPE: the lowest ranks of Qwen's vocabulary, Qwen's pattern."""
-    import quicktok
-
-    qwen = quicktok.get_encoding("qwen3")
-    ranks = {qwen.decode_single_token_bytes(i): i for i in range(2000)}
-    return byte_level_bpe(ranks, kwargs.pop("pattern", qwen_pattern()),
-                          specials={"<s>": 2000, "</s>": 2001, "<|im_end|>": 2002}, **kwargs)  # fmt: skip
-
-
-def hf_tokenizer(backend, **kwargs):
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", **kwargs)
-
-
 @pytest.mark.parametrize("single, first", [("<s> $A", "<s>"), ("$A </s>", "The"), ("<s> $A </s>", "<s>")])
 def test_post_processor_tokens_are_reproduced(single, first):
     from tokenizers import processors
 
     post = processors.TemplateProcessing(single=single, special_tokens=[("<s>", 2000), ("</s>", 2001)])
-    tok = hf_tokenizer(small_bpe(post_processor=post))
+    tok = transformers_tokenizer(small_bpe(post_processor=post))
     records = ["The cat sat.", PromptCompletion("The dog", " ran off."), PromptCompletion("x", "y</s>")]
     fast = SampleTokenizer(tok, backend="fast", num_threads=1)
     out = both(SampleTokenizer(tok, backend="hf"), fast, records, "auto")
@@ -247,11 +238,11 @@ def refused_tokenizers():
     stripping.add_special_tokens([AddedToken("<sep>", lstrip=True, special=True)])
     trimming = small_bpe(post_processor=processors.ByteLevel(trim_offsets=True))
     return [
-        pytest.param(lambda: hf_tokenizer(small_bpe(pattern=r"\w+|\s+|[^\w\s]+")), "unrecognized pretokenizer pattern",
+        pytest.param(lambda: transformers_tokenizer(small_bpe(pattern=r"\w+|\s+|[^\w\s]+")), "unrecognized pretokenizer pattern",
                      id="pattern-without-a-scanner"),
-        pytest.param(lambda: hf_tokenizer(lowercase), "unsupported normalizer", id="lowercase-normalizer"),
-        pytest.param(lambda: hf_tokenizer(stripping), "'<sep>' sets lstrip", id="added-token-lstrip"),
-        pytest.param(lambda: hf_tokenizer(trimming), "trims offsets", id="offset-trimming-post-processor"),
+        pytest.param(lambda: transformers_tokenizer(lowercase), "unsupported normalizer", id="lowercase-normalizer"),
+        pytest.param(lambda: transformers_tokenizer(stripping), "'<sep>' sets lstrip", id="added-token-lstrip"),
+        pytest.param(lambda: transformers_tokenizer(trimming), "trims offsets", id="offset-trimming-post-processor"),
         pytest.param(lambda: word_tokenizer("chatml"), "model type 'WordLevel'", id="word-level-model"),
         pytest.param(lambda: __import__("transformers").AutoTokenizer.from_pretrained(demo_tokenizer_path()),
                      "unrecognized pretokenizer pattern (pattern: GPT2_BYTELEVEL_DEFAULT)", id="bundled-demo-gpt2-regex"),
@@ -276,14 +267,6 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
 
 def fallback_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenizer_backend"]
-
-
-def merge_order_trap():
-    """Ranks say "qz" before "zx", the merge list says the opposite: HF and quicktok split
-    "qzx" differently, and no stress text contains it. Only the data can tell."""
-    ranks = {bytes([b]): b for b in range(256)} | {b"qz": 256, b"zx": 257}
-    backend = byte_level_bpe(ranks, qwen_pattern(), specials={"</s>": 258}, merges=[(b"z", b"x"), (b"q", b"z")])
-    return hf_tokenizer(backend)
 
 
 def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog):

@@ -14,8 +14,9 @@ of three chat templates, none with ``{% generation %}`` markers:
 ``qwen_tokenizer_dir(out_dir)`` builds the real Qwen2.5 tokenizer (151k vocab) offline from
 the rank table inside the ``quicktok-v1`` wheel (a dev dependency: missing, it fails loudly)
 and gives it Qwen2.5's chat template (the copy that ships with the installed ``trl``; a ChatML
-template of the same shape if trl is absent). ``byte_level_bpe(...)`` builds small byte-level
-BPEs from explicit ranks, for tokenizers the fast back-end must refuse or reproduce.
+template of the same shape if trl is absent). ``byte_level_bpe(...)`` builds byte-level BPEs
+from explicit ranks, ``small_bpe`` and ``merge_order_trap`` two of them, for tokenizers the
+fast back-end must reproduce or refuse.
 
 ``show(tokenizer, tokens, labels)`` renders a sample as words with the trained run in
 brackets: ``"<|im_start|> user hi <|im_end|> <|im_start|> assistant [hello <|im_end|> </s>]"``.
@@ -143,6 +144,32 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, *, specials: dict[str,
         assert tok.get_vocab_size(with_added_tokens=True) == i, f"{content} must have the next id, {i}"
         tok.add_special_tokens([AddedToken(content, special=True, normalized=False)])
     return tok
+
+
+def small_bpe(**kwargs):
+    """A 2,000-token byte-level BPE: the lowest ranks of Qwen's vocabulary, Qwen's pattern, and
+    added tokens <s>, </s>, <|im_end|> (ids 2000-2002)."""
+    import quicktok
+
+    qwen = quicktok.get_encoding("qwen3")
+    ranks = {qwen.decode_single_token_bytes(i): i for i in range(2000)}
+    return byte_level_bpe(ranks, kwargs.pop("pattern", qwen_pattern()),
+                          specials={"<s>": 2000, "</s>": 2001, "<|im_end|>": 2002}, **kwargs)  # fmt: skip
+
+
+def merge_order_trap():
+    """Ranks put "qz" before "zx", the merge list the opposite: HF and quicktok split "qzx"
+    differently, and no stress text holds it. Only data holding "qzx" tells them apart."""
+    ranks = {bytes([b]): b for b in range(256)} | {b"qz": 256, b"zx": 257}
+    backend = byte_level_bpe(ranks, qwen_pattern(), specials={"</s>": 258}, merges=[(b"z", b"x"), (b"q", b"z")])
+    return transformers_tokenizer(backend)
+
+
+def transformers_tokenizer(backend, **kwargs):
+    """``backend`` (a tokenizers.Tokenizer) as a transformers tokenizer with eos ``</s>``."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", **kwargs)
 
 
 def qwen_pattern() -> str:
