@@ -449,7 +449,8 @@ def print_goals(results: dict, backends: list[str]) -> None:
         hf_cpu = r["raw_hf"]["cpu"] / r["raw_hf"]["tokens"]
         wall = r["pack_fast"]["steady_tokens_per_second"] / hf
         free = 2 / cpu_per_token(r["pack_fast"], r["pack_tiny_fast"]) * hf_cpu
-        verdict = "met" if min(wall, free) >= goal else "NOT met" if max(wall, free) < goal else "met on free cores only"
+        verdict = ("met" if min(wall, free) >= goal else "NOT met" if max(wall, free) < goal
+                   else "met as measured, not on 2 free cores" if wall >= goal else "met on 2 free cores only")  # fmt: skip
         line = f"{kind}: packfeed pack, fast: {wall:.1f}x raw HF 1 core measured, {free:.1f}x on 2 free cores; goal {goal:g}x: {verdict}"
         if kind == "text":
             fast_cpu = r["raw_fast"]["cpu"] / r["raw_fast"]["tokens"]
