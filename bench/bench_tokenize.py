@@ -212,9 +212,10 @@ def cpu_per_token(full: dict, tiny: dict) -> float:
 
 # ---- stages of one window, in this process ------------------------------------------------------
 def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, float]:
-    """Seconds per stage of one window, one core, after a first window that pays the back-end's
-    proof and warms every stage: read, render (chat templates), encode, masks (the rest of
-    tokenize), pack, assemble, Arrow, Parquet (the driver's write)."""
+    """CPU seconds per stage of one window (one thread: RAYON_NUM_THREADS=1, quicktok 1 thread),
+    after a first window that pays the back-end's proof and warms every stage: read, render
+    (chat templates), encode, masks (the rest of tokenize), pack, assemble, Arrow, Parquet (the
+    driver's write)."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     from transformers import AutoTokenizer
 
@@ -236,35 +237,35 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
     writer = ParquetRowWriter(writer_dir, seq_len=config.seq_len)
     for spec in specs[: min(2, len(specs))]:  # the last one is measured
         t = {}
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         raw = read_window(spec)
-        t["read"] = time.perf_counter() - t0
+        t["read"] = time.process_time() - t0
         texts, t["render"] = raw.records, 0.0
         if raw.records and not isinstance(raw.records[0], str):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             texts = [renderer.conversation(r.messages, r.tools, False)[0] for r in raw.records]
-            t["render"] = time.perf_counter() - t0
+            t["render"] = time.process_time() - t0
         samples = st.tokenize(raw)
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         st._encoders.encoder.encode(texts, special=t["render"] == 0, edges=t["render"] > 0)
-        t["encode"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["encode"] = time.process_time() - t0
+        t0 = time.process_time()
         samples = st.tokenize(raw)
-        t["masks"] = max(0.0, time.perf_counter() - t0 - t["render"] - t["encode"])
-        t0 = time.perf_counter()
+        t["masks"] = max(0.0, time.process_time() - t0 - t["render"] - t["encode"])
+        t0 = time.process_time()
         packing = pack(samples.lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong)
-        t["pack"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["pack"] = time.process_time() - t0
+        t0 = time.process_time()
         rows = assemble_rows(packing, samples.tokens, samples.labels, samples.offsets, samples.sample_ids,
                              seq_len=config.seq_len, pad_id=st.pad_id,
                              row_order=row_order(config.seed, spec.index, packing.num_rows))  # fmt: skip
-        t["assemble"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["assemble"] = time.process_time() - t0
+        t0 = time.process_time()
         rows_to_arrow(rows)
-        t["arrow"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t["arrow"] = time.process_time() - t0
+        t0 = time.process_time()
         writer.write(rows)
-        t["parquet"] = time.perf_counter() - t0
+        t["parquet"] = time.process_time() - t0
         t["tokens"] = float(len(samples.tokens))
     writer.close(config={}, stats={})
     shutil.rmtree(writer_dir, ignore_errors=True)
@@ -426,7 +427,7 @@ def print_kind(kind: str, corpus: Path, res: dict, backends: list[str]) -> None:
         print(f"{backend} | {per['driver']:.0f} | {per['actors']:.0f} | {per['ray']:.0f} | {sum(per.values()):.0f}")
     print()
     names = ("read", "render", "encode", "masks", "pack", "assemble", "arrow", "parquet")
-    print("one window, 1 core, ms per 1M tokens | " + " | ".join(names) + " | total")
+    print("one window, 1 thread, CPU ms per 1M tokens | " + " | ".join(names) + " | total")
     print(" | ".join("---" for _ in range(len(names) + 2)))
     for backend in backends:
         t = res[f"stages_{backend}"]
