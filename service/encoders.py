@@ -220,7 +220,6 @@ class FastEncoder:
                 lengths, ids, nbytes = _splice(lengths, ids, nbytes, by_reference)
         return FastEncoded(texts, lengths, ids, nbytes, by_reference, self.reference, special)
 
-
     def _ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(lengths int64 [m], ids int32 [T]): added tokens split out, the rest one batch.
 
