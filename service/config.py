@@ -29,8 +29,10 @@ LOSS_MODES = ("auto", "all", "completion")
 MAX_SEQ_LEN = 1 << 20  # a row of 2^20 tokens; beyond that no model trains and numpy would try TiBs
 DEFAULT_WINDOW_SAMPLES = 8192
 DEFAULT_BLOCK_SAMPLES = 256
-# Fields that change how a run behaves but not the rows it produces.
-UNHASHED = ("max_skip_fraction",)
+TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenizer_backend.py
+# Fields that change how a run behaves or how rows are computed, not the rows themselves
+# (the tokenizer back-ends give identical rows): left out of config_hash().
+UNHASHED = ("max_skip_fraction", "tokenizer_backend")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +108,7 @@ class DataConfig:
     window_samples: int | None = None
     block_samples: int = DEFAULT_BLOCK_SAMPLES
     max_skip_fraction: float | None = None
+    tokenizer_backend: str = "auto"
 
     def __post_init__(self) -> None:
         sources = tuple(self.sources)
@@ -136,6 +139,7 @@ class DataConfig:
         _check_choice("overlong", self.overlong, OVERLONG_POLICIES)
         _check_choice("format", self.format, FORMATS)
         _check_choice("loss", self.loss, LOSS_MODES)
+        _check_choice("tokenizer_backend", self.tokenizer_backend, TOKENIZER_BACKENDS)
         if self.window_samples is not None:
             _check_int("window_samples", self.window_samples, 1)
         _check_int("block_samples", self.block_samples, 0)

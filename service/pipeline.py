@@ -54,12 +54,12 @@ class WindowActor:
         from packfeed.service.tokenize import SampleTokenizer
 
         self.config, self.plan = config, plan
-        first = SampleTokenizer(config.tokenizer, loss=plan.sources[0].loss, add_eos=config.add_eos,
-                                strict=config.strict)
+        common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend,
+                      num_threads=threads)
+        first = SampleTokenizer(config.tokenizer, loss=plan.sources[0].loss, **common)
         self.tokenizers = {plan.sources[0].loss: first}
         for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
-            self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, add_eos=config.add_eos,
-                                                    strict=config.strict)
+            self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, **common)
         from packfeed.service.metrics import WindowMetrics
 
         self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint

@@ -75,9 +75,19 @@ class WindowStats:
     rows: int = 0
     sources: dict[int, Counts] = field(default_factory=dict)
     skip_examples: list[Skip] = field(default_factory=list)  # the first few, by sample id
+    tokenizer_backends: Counter = field(default_factory=Counter)  # back-end ("hf", "fast") -> windows
+    tokenizer_checks: list[dict[str, Any]] = field(default_factory=list)  # an actor's choice and its proof
 
     def source(self, index: int) -> Counts:
         return self.sources.setdefault(index, Counts())
+
+    def note_tokenizer(self, tokenizer: Any) -> None:
+        """Count this window under the back-end that tokenized it (``SampleTokenizer.backend``);
+        the first window of each actor also carries the actor's choice and its checks."""
+        self.tokenizer_backends[tokenizer.backend] += 1
+        report = tokenizer.take_backend_report()
+        if report is not None:
+            self.tokenizer_checks.append(report)
 
     def check_accounting(self) -> None:
         for index, counts in self.sources.items():
@@ -88,6 +98,7 @@ class WindowStats:
             "window": self.window, "epoch": self.epoch, "rows": self.rows,
             "sources": {str(i): c.to_dict() for i, c in self.sources.items()},
             "skip_examples": [dataclasses.asdict(s) for s in self.skip_examples],
+            "tokenizer_backends": self.tokenizer_backends, "tokenizer_checks": self.tokenizer_checks,
         })  # fmt: skip
 
     @classmethod
@@ -97,6 +108,7 @@ class WindowStats:
             window=d["window"], epoch=d["epoch"], rows=d["rows"],
             sources={int(i): Counts.from_dict(c) for i, c in d["sources"].items()},
             skip_examples=[Skip(**s) for s in d["skip_examples"]],
+            tokenizer_backends=Counter(d["tokenizer_backends"]), tokenizer_checks=d["tokenizer_checks"],
         )  # fmt: skip
 
 
@@ -110,6 +122,8 @@ class RunStats:
         self.rows = 0
         self.seen: set[int] = set()
         self.skip_examples: list[Skip] = []
+        self.tokenizer_backends: Counter = Counter()
+        self.tokenizer_checks: list[dict[str, Any]] = []
 
     @property
     def windows(self) -> int:
@@ -123,6 +137,8 @@ class RunStats:
         for index, counts in ws.sources.items():
             epoch.setdefault(index, Counts()).merge(counts)
         self.rows += ws.rows
+        self.tokenizer_backends.update(ws.tokenizer_backends)
+        self.tokenizer_checks.extend(ws.tokenizer_checks)
         examples = sorted(self.skip_examples + ws.skip_examples, key=lambda s: (s.sample_id, s.row))
         self.skip_examples = examples[:MAX_SKIP_EXAMPLES]
 
@@ -164,6 +180,8 @@ class RunStats:
             "seconds": round(seconds, 3),
             "tokens_per_second": total.tokens / seconds if seconds > 0 else 0.0,
             "sources": [self._source_dict(i) for i in range(len(self.names))],
+            "tokenizer_backend": {"windows": dict(sorted(self.tokenizer_backends.items())),
+                                  "checks": self.tokenizer_checks},
         })  # fmt: skip
         return out
 
@@ -206,6 +224,9 @@ def format_summary(stats: dict[str, Any]) -> str:
         ("seconds", f"{stats['seconds']:.2f}"),
         ("tokens/s", f"{stats['tokens_per_second']:,.0f}"),
     ]
+    windows = stats.get("tokenizer_backend", {}).get("windows")
+    if windows:
+        lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
     sources = stats.get("sources", [])

@@ -85,7 +85,8 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
 
     stats = new_run_stats(plan)
     tokenizers = {
-        loss: SampleTokenizer(tokenizer.tokenizer, loss=loss, add_eos=config.add_eos, strict=config.strict)
+        loss: SampleTokenizer(tokenizer.tokenizer, loss=loss, add_eos=config.add_eos, strict=config.strict,
+                              backend=config.tokenizer_backend, num_threads=1)
         for loss in {s.loss for s in plan.sources}
     }
 

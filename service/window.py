@@ -11,7 +11,7 @@ first, and a trainer should not see all long samples at once.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -39,7 +39,8 @@ def process_window(
     Cost: dominated by tokenization; packing and assembling are vectorised numpy.
     """
     raw = read_window(spec, strict=config.strict)
-    samples = _tokenize(raw, tokenizers, plan)
+    modes = _loss_modes(raw, plan)
+    samples = _tokenize(raw, [(mode, tokenizers[mode]) for mode in modes], plan)
     lengths = np.diff(samples.offsets)
     packing = pack(lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong)
     pad_id = next(iter(tokenizers.values())).pad_id
@@ -53,19 +54,29 @@ def process_window(
         pad_id=pad_id,
         row_order=row_order(config.seed, spec.index, packing.num_rows),
     )
-    return rows, window_stats(spec, raw, samples, packing, rows, plan)
+    stats = window_stats(spec, raw, samples, packing, rows, plan)
+    for mode in modes if len(raw) else []:  # the back-ends that tokenized this window's samples
+        stats.note_tokenizer(tokenizers[mode])
+    return rows, stats
 
 
-def _tokenize(raw: RawWindow, tokenizers: Mapping[str, SampleTokenizer], plan: StreamPlan) -> TokenizedSamples:
-    """Tokenize the window's records, each with the tokenizer of its source's loss mode."""
+def _loss_modes(raw: RawWindow, plan: StreamPlan) -> list[str]:
+    """The loss modes of the window's sources, in a fixed order (the rows stay deterministic)."""
+    return sorted({plan.sources[i].loss for i in raw.sources.tolist()}) or [plan.sources[0].loss]
+
+
+def _tokenize(
+    raw: RawWindow, tokenizers: Sequence[tuple[str, SampleTokenizer]], plan: StreamPlan
+) -> TokenizedSamples:
+    """Tokenize the window's records, each with the tokenizer of its source's loss mode
+    (``tokenizers``: (mode, tokenizer) in ``_loss_modes`` order)."""
+    if len(tokenizers) == 1:
+        return tokenizers[0][1].tokenize(raw)
     losses = [s.loss for s in plan.sources]
-    modes = sorted({losses[i] for i in raw.sources.tolist()}) or [plan.sources[0].loss]
-    if len(modes) == 1:
-        return tokenizers[modes[0]].tokenize(raw)
     parts = []
-    for mode in modes:  # a fixed order: the rows stay deterministic
+    for mode, tokenizer in tokenizers:
         positions = [p for p, s in enumerate(raw.sources.tolist()) if losses[s] == mode]
-        parts.append(tokenizers[mode].tokenize(raw.select(positions)))
+        parts.append(tokenizer.tokenize(raw.select(positions)))
     offsets = [np.asarray([0], np.int64)]
     for part in parts:
         offsets.append(part.offsets[1:] + offsets[-1][-1])

@@ -48,7 +48,8 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     output = Path(output).resolve()
     resume_from = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
-    tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos)
+    tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
+                               backend=run.data.tokenizer_backend)
     inputs = run.data.inputs
     packed = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
     if packed is not None:  # pack once, train many: the rows are served as they are
@@ -171,7 +172,8 @@ class StreamFeeder(RowFeeder):
 
         quiet_ray()
         if source[0] == "pipeline":
-            tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+            tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                                       backend=config.tokenizer_backend)
             stream = pipeline_source(config, source[1], tokenizer, scaling)
         else:
             stream = packed_dir_source(source[1], source[2])

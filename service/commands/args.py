@@ -25,6 +25,7 @@ from packfeed.service.config import (
     LOSS_MODES,
     OVERLONG_POLICIES,
     STRATEGIES,
+    TOKENIZER_BACKENDS,
     DataConfig,
 )
 
@@ -54,6 +55,10 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                         "source of repeat 1 (instead of [[data.sources]])")
     g.add_argument("--config", type=Path, help="TOML or JSON file with [data] (sources, epochs, ...) and [scaling]")
     g.add_argument("--tokenizer", help="local tokenizer directory or Hugging Face id (cached)")
+    g.add_argument("--tokenizer-backend", choices=TOKENIZER_BACKENDS,
+                   help="auto (default): the exact fast encoder (quicktok) where it proves identical ids and masks "
+                        "on the tokenizer and the first window, else HF's with one log line; hf; fast (refuses "
+                        "with the reason)")
     g.add_argument("--seq-len", type=int, help="tokens per packed row")
     g.add_argument("--epochs", type=int, help="passes over the whole mixture (default 1)")
     g.add_argument("--strategy", choices=STRATEGIES,
@@ -108,6 +113,7 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     data = dict((base or {}).get("data", {}))
     overrides = {
         "tokenizer": args.tokenizer,
+        "tokenizer_backend": args.tokenizer_backend,
         "seq_len": args.seq_len,
         "epochs": args.epochs,
         "strategy": args.strategy,

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     plan = build_plan(config)
     writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
                               overwrite=args.overwrite, inputs=[f.path for s in plan.sources for f in s.files])
-    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                               backend=config.tokenizer_backend)
     for line in describe(probe(plan), plan):
         logger.info(line)
     return _pack(args, config, plan, packing, writer, tokenizer)

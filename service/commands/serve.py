@@ -255,7 +255,8 @@ def _pipeline_source(args: argparse.Namespace):
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
     os.environ["RAYON_NUM_THREADS"] = "1"
-    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos)
+    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                               backend=config.tokenizer_backend)
     for line in describe(probe(plan), plan):
         logger.info(line)
     logger.info(init_ray(args.address))

@@ -311,10 +311,8 @@ def test_random_conversations_train_exactly_the_assistant_turns(toks, convs, sty
 # ---- a real 151k-vocabulary tokenizer and template (Qwen2.5) ---------------------------------
 @pytest.fixture(scope="session")
 def qwen(tmp_path_factory):
-    try:
-        path = qwen_tokenizer_dir(str(tmp_path_factory.mktemp("qwen")))
-    except Exception as e:  # the quicktok-v1 package or the tool is missing
-        pytest.skip(f"cannot build the Qwen tokenizer offline: {e}")
+    # built from the quicktok-v1 wheel (a dev dependency): if it is missing this errors, loudly
+    path = qwen_tokenizer_dir(str(tmp_path_factory.mktemp("qwen")))
     return SampleTokenizer(path)  # loaded through AutoTokenizer.from_pretrained(dir)
 
 
@@ -376,7 +374,7 @@ def test_qwen_text_and_prompt_completion(qwen):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), style=st.sampled_from(["chatml", "gemma"]))
 def test_span_edges_match_offsets(toks, data, style):
-    from packfeed.service.tokenize import _span_tokens, _span_tokens_from_offsets
+    from packfeed.service.encoders import span_tokens, span_tokens_from_offsets
 
     words = data.draw(st.lists(st.sampled_from(plain_words + ["<|im_end|>", "<end_of_turn>"]), min_size=1, max_size=12))
     gaps = data.draw(st.lists(st.sampled_from([" ", "\n", "          ", ""]), min_size=len(words), max_size=len(words)))
@@ -384,10 +382,38 @@ def test_span_edges_match_offsets(toks, data, style):
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), min_size=2, max_size=6, unique=True)))
     spans = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if b > a]
     enc = toks[style].backend_tokenizer.encode(text, add_special_tokens=False)
-    assert _span_tokens(enc, spans) == _span_tokens_from_offsets(enc, spans)
+    assert span_tokens(enc, spans) == span_tokens_from_offsets(enc, spans)
 
 
 def test_completion_starting_with_uncovered_characters(toks):
     # the WordLevel pre-tokenizer drops spaces: the first completion token is 11 characters in
     out = SampleTokenizer(toks["chatml"]).tokenize(window([PromptCompletion("the sky is", "           blue")]))
     assert shown(toks["chatml"], out) == ["the sky is [blue </s>]"]
+
+
+@pytest.mark.parametrize(
+    "lengths, ids, trained, expected_ids, expected_trained",
+    [
+        pytest.param([2, 1], [5, 6, 7], [1, 1, 0], [5, 6, 0, 7, 0], [1, 1, 1, 0, 0], id="eos-trained-like-the-token-before"),
+        pytest.param([2, 0, 1], [5, 0, 7], [1, 1, 1], [5, 0, 0, 7, 0], [1, 1, 0, 1, 1], id="ends-with-eos-and-empty"),
+    ],
+)  # fmt: skip
+def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
+    from packfeed.service.tokenize import _append_eos
+
+    new_lengths, out_ids, out_trained = _append_eos(
+        np.asarray(lengths, np.int64), np.asarray(ids, np.int32), np.asarray(trained, bool), 0
+    )
+    assert out_ids.tolist() == expected_ids and out_trained.astype(int).tolist() == expected_trained
+    assert out_ids.dtype == np.int32 and new_lengths.sum() == len(out_ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_ranges_to_mask_equals_a_per_token_union(data):
+    from packfeed.service.tokenize import _ranges_to_mask
+
+    lengths = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
+    ranges = [data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=3)) for n in lengths]
+    expected = [any(a <= t < b for a, b in rs) for n, rs in zip(lengths, ranges) for t in range(n)]
+    assert _ranges_to_mask(np.asarray(lengths, np.int64), ranges).tolist() == expected

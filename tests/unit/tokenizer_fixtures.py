@@ -11,9 +11,12 @@ of three chat templates, none with ``{% generation %}`` markers:
   system message goes inside the first [INST] (``<<SYS>> ... <</SYS>>``); the template raises
   unless roles alternate user/assistant.
 
-``qwen_tokenizer_dir(out_dir)`` builds the real Qwen2.5 tokenizer (151k vocab) offline with
-/work/shared/tools/make_qwen_tokenizer.py and gives it Qwen2.5's chat template (the copy that
-ships with the installed ``trl``; a ChatML template of the same shape if trl is absent).
+``qwen_tokenizer_dir(out_dir)`` builds the real Qwen2.5 tokenizer (151k vocab) offline from
+the rank table inside the ``quicktok-v1`` wheel (a dev dependency: missing, it fails loudly)
+and gives it Qwen2.5's chat template (the copy that ships with the installed ``trl``; a ChatML
+template of the same shape if trl is absent). ``byte_level_bpe(...)`` builds byte-level BPEs
+from explicit ranks, ``small_bpe`` and ``merge_order_trap`` two of them, for tokenizers the
+fast back-end must reproduce or refuse.
 
 ``show(tokenizer, tokens, labels)`` renders a sample as words with the trained run in
 brackets: ``"<|im_start|> user hi <|im_end|> <|im_start|> assistant [hello <|im_end|> </s>]"``.
@@ -23,12 +26,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
+import shutil
+import tempfile
 
 import numpy as np
-
-QWEN_TOOL = os.environ.get("PACKFEED_QWEN_TOOL", "/work/shared/tools/make_qwen_tokenizer.py")
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>",
             "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>"]  # fmt: skip
@@ -85,11 +86,121 @@ def word_tokenizer(style: str = "chatml"):
     return tok
 
 
+# ---- byte-level BPE from a rank table (Qwen2.5 from the quicktok-v1 wheel) ---------------------
+def byte_symbols() -> dict[int, str]:
+    """The byte -> character table of byte-level BPE vocabularies: printable Latin-1 bytes
+    stand for themselves, the 68 others for chr(256), chr(257), ... in byte order."""
+    visible = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    hidden = (b for b in range(256) if b not in visible)
+    table = {b: chr(b) for b in visible}
+    table.update({b: chr(256 + k) for k, b in enumerate(hidden)})
+    return table
+
+
+def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merge list that makes merge-order BPE equal rank-order BPE on ``ranks``.
+
+    A token of rank r comes from merging, in rank order, only pieces of lower rank; the last
+    two pieces left are its merge, listed at r. For ranks {a:0, b:1, c:2, ab:3, abc:4} ->
+    [(a, b), (ab, c)].
+    """
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        pieces = [token[i : i + 1] for i in range(len(token))]
+        while len(pieces) > 2:
+            scored = [(ranks.get(x + y, rank), i) for i, (x, y) in enumerate(zip(pieces, pieces[1:]))]
+            best, i = min(scored)
+            if best >= rank:
+                break
+            pieces[i : i + 2] = [pieces[i] + pieces[i + 1]]
+        if len(pieces) != 2:
+            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of lower-ranked tokens: {pieces}")
+        merges.append((pieces[0], pieces[1]))
+    return merges
+
+
+def byte_level_bpe(ranks: dict[bytes, int], pattern: str, *, specials: dict[str, int] | None = None, nfc: bool = False,
+                   merges: list[tuple[bytes, bytes]] | None = None, post_processor=None):  # fmt: skip
+    """A ``tokenizers.Tokenizer``: byte-level BPE over ``ranks`` (byte string -> id, the 256
+    single bytes included), split first by the regex ``pattern``; ``merges`` default to the
+    ones derived from the ranks."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    sym = byte_symbols()
+    spell = lambda b: "".join(sym[x] for x in b)  # noqa: E731
+    pairs = merges_from_ranks(ranks) if merges is None else merges
+    tok = Tokenizer(models.BPE({spell(t): i for t, i in ranks.items()}, [(spell(a), spell(b)) for a, b in pairs]))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = post_processor or processors.ByteLevel(trim_offsets=False)
+    for content, i in sorted((specials or {}).items(), key=lambda kv: kv[1]):
+        assert tok.get_vocab_size(with_added_tokens=True) == i, f"{content} must have the next id, {i}"
+        tok.add_special_tokens([AddedToken(content, special=True, normalized=False)])
+    return tok
+
+
+def small_bpe(**kwargs):
+    """A 2,000-token byte-level BPE: the lowest ranks of Qwen's vocabulary, Qwen's pattern, and
+    added tokens <s>, </s>, <|im_end|> (ids 2000-2002)."""
+    import quicktok
+
+    qwen = quicktok.get_encoding("qwen3")
+    ranks = {qwen.decode_single_token_bytes(i): i for i in range(2000)}
+    return byte_level_bpe(ranks, kwargs.pop("pattern", qwen_pattern()),
+                          specials={"<s>": 2000, "</s>": 2001, "<|im_end|>": 2002}, **kwargs)  # fmt: skip
+
+
+def merge_order_trap():
+    """Ranks put "qz" before "zx", the merge list the opposite: HF and quicktok split "qzx"
+    differently, and no stress text holds it. Only data holding "qzx" tells them apart."""
+    ranks = {bytes([b]): b for b in range(256)} | {b"qz": 256, b"zx": 257}
+    backend = byte_level_bpe(ranks, qwen_pattern(), specials={"</s>": 258}, merges=[(b"z", b"x"), (b"q", b"z")])
+    return transformers_tokenizer(backend)
+
+
+def transformers_tokenizer(backend, **kwargs):
+    """``backend`` (a tokenizers.Tokenizer) as a transformers tokenizer with eos ``</s>``."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", **kwargs)
+
+
+def qwen_pattern() -> str:
+    """Qwen2's pre-tokenizer regex, as quicktok recognises it."""
+    from quicktok import _import_core
+
+    return _import_core.QWEN_PAT
+
+
+_QWEN_BUILT: list[str] = []  # the first build of this process, copied for later callers
+
+
 def qwen_tokenizer_dir(out_dir: str) -> str:
-    """Build the Qwen2.5 tokenizer into ``out_dir`` (~3 s) with a chat template; return the dir."""
-    subprocess.run([sys.executable, QWEN_TOOL, out_dir], check=True, capture_output=True)
-    with open(os.path.join(out_dir, "chat_template.jinja"), "w") as f:  # read by from_pretrained
-        f.write(qwen_chat_template())
+    """Build the Qwen2.5 tokenizer into ``out_dir`` (~5 s, once per process) with its chat
+    template; return the dir (for ``AutoTokenizer.from_pretrained``)."""
+    if _QWEN_BUILT:
+        shutil.copytree(_QWEN_BUILT[0], out_dir, dirs_exist_ok=True)
+        return out_dir
+    import quicktok  # quicktok-v1, a dev dependency: its absence is an error, not a skip
+    from transformers import PreTrainedTokenizerFast
+
+    qwen = quicktok.get_encoding("qwen3")
+    ranks = {qwen.decode_single_token_bytes(i): i for i in range(qwen.n_vocab) if not qwen.is_special_token(i)}
+    specials = {s: qwen.encode_single_token(s) for s in qwen.special_tokens_set}
+    backend = byte_level_bpe(ranks, qwen_pattern(), specials=specials, nfc=True)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.chat_template = qwen_chat_template()
+    tok.save_pretrained(out_dir)
+    cache = tempfile.mkdtemp(prefix="packfeed-qwen-")
+    shutil.copytree(out_dir, cache, dirs_exist_ok=True)
+    _QWEN_BUILT.append(cache)
     return out_dir
 
 
