@@ -190,7 +190,7 @@ def run_pack(tokenizer: str, corpus: Path, out: Path, backend: str, args, window
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"packfeed pack failed:\n{stderr[-3000:]}")
-    stats = json.loads((out / "stats.json").read_text())
+    stats = json.loads((out / ".packfeed" / "stats.json").read_text())
     shutil.rmtree(out, ignore_errors=True)
     groups = {g: sum(c for g_, c in cpu.values() if g_ == g) for g in ("driver", "actors", "ray")}
     return {**stats, "peak_tree_mb": peak[0] / 2**20, "cpu": sum(groups.values()), "cpu_groups": groups}
@@ -222,7 +222,8 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
     from packfeed.service.arrow_rows import rows_to_arrow
     from packfeed.service.config import DataConfig
     from packfeed.service.packing import assemble_rows, pack
-    from packfeed.service.sources import plan_windows, read_window
+    from packfeed.service.plan import build_plan
+    from packfeed.service.sources import read_window
     from packfeed.service.tokenize import SampleTokenizer, _ChatRenderer
     from packfeed.service.window import row_order
     from packfeed.service.writer import ParquetRowWriter
@@ -230,11 +231,12 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
     tok = AutoTokenizer.from_pretrained(tokenizer)
     st = SampleTokenizer(tok, backend=backend, num_threads=1)
     renderer = _ChatRenderer(tok, "bench")
-    config = DataConfig(inputs=(str(corpus),), tokenizer=tokenizer, seq_len=args.seq_len,
-                        window_samples=args.window_samples)  # fmt: skip
-    specs = plan_windows(config.inputs, window_samples=config.window_samples)
+    config = DataConfig.from_inputs([str(corpus)], tokenizer=tokenizer, seq_len=args.seq_len,
+                                    window_samples=args.window_samples)  # fmt: skip
+    plan = build_plan(config)
+    specs = [plan.window(k) for k in range(min(2, plan.num_windows))]
     writer_dir = tempfile.mkdtemp(prefix="packfeed-bench-stages-")
-    writer = ParquetRowWriter(writer_dir, seq_len=config.seq_len)
+    writer = ParquetRowWriter(writer_dir, seq_len=config.seq_len, config_hash=config.config_hash(), overwrite=True)
     for spec in specs[: min(2, len(specs))]:  # the last one is measured
         t = {}
         t0 = time.process_time()
@@ -276,7 +278,9 @@ STREAM_SCRIPT = r"""
 import json, sys, tempfile, time
 import psutil
 from packfeed.service.config import DataConfig
-from packfeed.service.pipeline import PackedStream, init_ray
+from packfeed.service.pipeline import PackingPipeline
+from packfeed.service.plan import build_plan
+from packfeed.service.raycluster import init_ray
 from packfeed.service.writer import ParquetRowWriter
 corpus, tokenizer, backend, seq_len, window, write = sys.argv[1:7]
 me = psutil.Process()
@@ -293,10 +297,11 @@ def tree_cpu():
 
 start = time.perf_counter()
 init_ray("local")
-config = DataConfig(inputs=(corpus,), tokenizer=tokenizer, seq_len=int(seq_len), window_samples=int(window),
-                    tokenizer_backend=backend)
-stream = PackedStream(config)
-writer = ParquetRowWriter(tempfile.mkdtemp(), seq_len=config.seq_len) if write == "1" else None
+config = DataConfig.from_inputs([corpus], tokenizer=tokenizer, seq_len=int(seq_len), window_samples=int(window),
+                                tokenizer_backend=backend)
+stream = PackingPipeline(config, build_plan(config))
+writer = (ParquetRowWriter(tempfile.mkdtemp(), seq_len=config.seq_len, config_hash=config.config_hash(), overwrite=True)
+          if write == "1" else None)
 timeline, tokens = [], 0
 for rows in stream.iter_rows():
     if writer is not None:

@@ -40,6 +40,7 @@ from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arr
 from packfeed.service.config import DataConfig
 from packfeed.service.plan import StreamPlan
 from packfeed.service.stats import RunStats, WindowStats
+from packfeed.service.tokenizer_backend import log_choices
 
 PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))
 
@@ -188,7 +189,9 @@ class PackingPipeline:
                 self.first_output_seconds = time.perf_counter() - self._created
             for out in table_outputs(table, first_row=next_index):
                 if out.stats is not None:
+                    said = len(self.stats.tokenizer_checks)
                     self.stats.add(out.stats)
+                    log_choices(self.stats.tokenizer_checks, said)
                     self.samples_started += int(self.plan.window_counts(out.stats.window).sum())
                 next_index += out.rows.num_rows
                 yield out

@@ -63,8 +63,13 @@ def shutdown_ray(timeout: float = 60.0) -> None:
 
 
 def prepare_ray_env() -> None:
-    """Environment for Ray; call before Ray is imported (the CLI does, first thing)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    """Environment for Ray; call before Ray is imported (the CLI does, first thing). Once Ray is
+    imported its auth mode is fixed: setting it then would start an embedded Ray whose GCS
+    wants a token this driver does not send, so it is left to Ray's default."""
+    import sys
+
+    if "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 

@@ -81,6 +81,7 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
     packing actors' Scaling."""
     from packfeed.service.pipeline import PackingPipeline, new_run_stats
     from packfeed.service.tokenize import SampleTokenizer
+    from packfeed.service.tokenizer_backend import log_choices
     from packfeed.service.window import process_window
 
     stats = new_run_stats(plan)
@@ -101,7 +102,9 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
         if window >= plan.num_windows:
             return None
         rows, window_stats = process_window(plan.window(window), tokenizers, config, plan)
+        said = len(stats.tokenizer_checks)
         stats.add(window_stats)
+        log_choices(stats.tokenizer_checks, said)
         return rows
 
     return StreamSource(

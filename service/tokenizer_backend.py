@@ -92,7 +92,7 @@ class EncoderChoice:
         self.hf = HFEncoder(backend)
         self.fast: FastEncoder | None = None
         self.encoder: Any = self.hf if requested == "hf" else None
-        self.report: dict[str, Any] = {"requested": requested}
+        self.report: dict[str, Any] = {"tokenizer": name, "requested": requested}
         self._name, self._threads, self._probes, self._taken = name, threads, probes, False
         self._load_seconds = 0.0
         if requested == "hf":
@@ -135,8 +135,8 @@ class EncoderChoice:
         except FastPathRefused as e:
             if self.report["requested"] == "fast":
                 raise self._refused(e) from None
-            logger.warning("packfeed: tokenizer %r: using the HF tokenizers back-end, the fast one was refused: %s",
-                           self._name, e)  # fmt: skip
+            # Said once per run by the driver (log_choices), not once per packing actor.
+            logger.debug("tokenizer %r: using the HF back-end, the fast one was refused: %s", self._name, e)
             self.encoder, self.fast = self.hf, None
             self.report.update(backend="hf", reason=str(e))
         else:
@@ -161,6 +161,27 @@ class EncoderChoice:
             f"tokenizer {self._name!r}: the fast back-end cannot reproduce it: {e} (--tokenizer-backend auto or hf "
             "uses the Hugging Face tokenizer)"
         )
+
+
+def log_choices(checks: list[dict[str, Any]], start: int) -> None:
+    """Log the back-end choices ``checks[start:]`` (``EncoderChoice.report``s, as the packing
+    actors send them in their window stats: a run's ``RunStats.tokenizer_checks``) that differ
+    from every earlier one: one line per run and choice, not one per actor."""
+    said = {_choice_line(report) for report in checks[:start]}
+    for report in checks[start:]:
+        line = _choice_line(report)
+        if line and line not in said:
+            said.add(line)
+            logger.info("%s", line)
+
+
+def _choice_line(report: dict[str, Any]) -> str | None:
+    if report.get("backend") == "hf" and report.get("requested") == "auto":
+        return (f"tokenizer {report.get('tokenizer')!r}: the HF tokenizers back-end packs, the fast one was refused: "
+                f"{report.get('reason')}")
+    if report.get("backend") == "fast":
+        return f"tokenizer {report.get('tokenizer')!r}: the fast back-end packs (identical rows, proven per actor)"
+    return None
 
 
 def backend_spec(backend: Any) -> dict[str, Any]:
@@ -288,16 +309,6 @@ def _first_reason(message: str) -> str:
     head = lines[0].removeprefix("REFUSED:").split(" — ")[0].strip()
     pattern = next((line for line in lines[1:] if line.startswith("pattern:")), None)
     return f"{head} ({pattern[:160]})" if pattern else head[:300]
-
-
-def check_fast_backend(config: Any) -> None:
-    """Under ``tokenizer_backend="fast"``, load the tokenizer here and run steps 1-3, so that a
-    refusal stops ``packfeed pack`` before Ray starts (inside an actor it would surface as Ray's
-    error). Costs a tokenizer load plus ~2 s; does nothing for "auto" and "hf"."""
-    if config.tokenizer_backend == "fast":
-        from .tokenize import SampleTokenizer
-
-        SampleTokenizer(config.tokenizer, add_eos=False, backend="fast", num_threads=1)
 
 
 def _post_tokens(backend: Any) -> tuple[list[int], list[int]]:

@@ -15,6 +15,8 @@ CORPUS = sorted(str(p) for p in (REPO / "service" / "assets" / "corpus").glob("*
 TOKENIZER = str(REPO / "service" / "assets" / "tokenizer")
 DEMO_SAMPLES = 7_500  # samples in the bundled corpus; none is skipped at these settings
 LISTENING = re.compile(r"packfeed serve: listening on (\S+):(\d+)")
+# Tools grep the readiness line: it must be whole, on a line of its own.
+READY_LINE = re.compile(r"(?m)^packfeed serve: listening on (\S+):(\d+) [^\n]*\n")
 
 
 def demo_args(*, seq_len: int = 512, window_samples: int = 1000, extra: tuple[str, ...] = ()) -> list[str]:
@@ -68,8 +70,12 @@ class ServerProcess:
             text = self.log.read_bytes()[offset:].decode(errors="replace")
             match = LISTENING.search(text)
             if match:
-                self.port = int(match.group(2))
-                return self
+                line = READY_LINE.search(text)
+                if line is None and "\n" in text[match.end():]:
+                    raise AssertionError(f"the readiness line is not a line of its own:\n{text[-2000:]}")
+                if line is not None:
+                    self.port = int(line.group(2))
+                    return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"packfeed serve exited with {self.proc.returncode}:\n{text[-4000:]}")
             time.sleep(0.2)

@@ -287,3 +287,21 @@ def test_a_source_that_delivers_nothing_is_named(ray_cluster, tmp_path, capsys):
     stats = json.loads((tmp_path / "out" / ".packfeed" / "stats.json").read_text())
     questions = next(s for s in stats["sources"] if s["name"] == "questions")
     assert (questions["samples_read"], questions["skipped"]) == (20, {"no_trained_tokens": 20})
+
+
+def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path):
+    """A script that imports Ray (or packfeed's pipeline, which imports Ray) before
+    ``init_ray`` gets a working embedded Ray: the auth mode is set only while Ray can still
+    read it, never half-way (a GCS wanting a token the driver does not send)."""
+    script = (
+        "import {first}\n"
+        "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
+        "print(init_ray('local'))\n"
+        "import ray\n"
+        "print('a task returned', ray.get(ray.remote(lambda: 2).remote()))\n"
+        "shutdown_ray()\n"
+    )
+    for first in ("ray", "packfeed.service.pipeline"):
+        out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
+                             timeout=180, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])

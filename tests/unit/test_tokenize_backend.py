@@ -262,15 +262,15 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
         SampleTokenizer(tok, backend="fast")
     auto = SampleTokenizer(tok, backend="auto")
     assert auto.backend == "undecided"
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenizer_backend"):
         for _ in range(3):
             assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), auto.tokenize(window(records)))
     assert auto.backend == "hf" and reason in auto.backend_report["reason"]
-    warnings = fallback_warnings(caplog)
-    assert len(warnings) == 1 and "using the HF tokenizers back-end" in warnings[0] and reason in warnings[0]
+    warnings = fallback_lines(caplog)
+    assert len(warnings) == 1 and "using the HF back-end" in warnings[0] and reason in warnings[0]
 
 
-def fallback_warnings(caplog) -> list[str]:
+def fallback_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenizer_backend"]
 
 
@@ -282,11 +282,11 @@ def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog)
     with pytest.raises(FastPathRefused, match=r"tokens differ from HF on mem\.jsonl row 1 \(sample 1\) at token 5"):
         fast.tokenize(window(records))
     auto = SampleTokenizer(tok)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenizer_backend"):
         out = auto.tokenize(window(records))
     assert auto.backend == "hf" and "row 1 (sample 1)" in auto.backend_report["reason"]
     assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), out)
-    assert len(fallback_warnings(caplog)) == 1
+    assert len(fallback_lines(caplog)) == 1
 
 
 def test_auto_proves_the_fast_path_on_the_first_window_and_reports_it(qwen_tok):
@@ -335,3 +335,20 @@ def test_backend_is_configurable_but_not_part_of_the_stream_identity():
     assert data_config_from_args(args).tokenizer_backend == "hf"
     args = parser.parse_args(["a.jsonl", "--tokenizer", "t", "--seq-len", "8"])
     assert data_config_from_args(args, {"data": {"tokenizer_backend": "fast"}}).tokenizer_backend == "fast"
+
+
+def test_a_runs_back_end_choices_are_logged_once_each(caplog):
+    from packfeed.service.tokenizer_backend import log_choices
+
+    refused = {"tokenizer": "t", "requested": "auto", "backend": "hf", "reason": "quicktok refused the import: x"}
+    proven = {"tokenizer": "t", "requested": "auto", "backend": "fast", "reason": "verified"}
+    asked = {"tokenizer": "t", "requested": "hf", "backend": "hf", "reason": "requested"}
+    checks: list = []
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenizer_backend"):
+        for new in ([refused, refused], [asked], [refused, proven], [proven]):  # actors reporting, window by window
+            said = len(checks)
+            checks.extend(new)
+            log_choices(checks, said)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["tokenizer 't': the HF tokenizers back-end packs, the fast one was refused: quicktok refused the "
+                     "import: x", "tokenizer 't': the fast back-end packs (identical rows, proven per actor)"]
