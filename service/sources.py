@@ -225,7 +225,7 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
                     found.append((m, _kind_of(m)))
             if not found:
                 raise ValueError(f"input {path!r}: the glob matches no supported file ({', '.join(sorted(_KIND_OF_EXT))})")
-            return found
+            return _once_each(path, found)
         if os.path.islink(path):
             os.stat(path)  # raises ELOOP for a loop; a dangling link raises ENOENT below
     except OSError as e:  # ELOOP, EACCES, ...: say which input and why
@@ -233,6 +233,22 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
     if os.path.islink(path):
         raise ValueError(f"input {path!r} is a broken symbolic link (its target does not exist)")
     raise ValueError(f"input {path!r} does not exist")
+
+
+def _once_each(pattern: str, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A glob's files, each real file once under its shortest path (a ``**`` glob walks a
+    symlinked directory loop as deep as the OS lets it), in the glob's order."""
+    best: dict[str, int] = {}  # real path -> index in found of its shortest path
+    for i, (file, _) in enumerate(found):
+        real = os.path.realpath(file)
+        if real not in best or file.count(os.sep) < found[best[real]][0].count(os.sep):
+            best[real] = i
+    if len(best) < len(found):
+        logger.warning(
+            "input %r reaches %d file(s) through %d paths (a symlink loop?); each file is read once",
+            pattern, len(best), len(found),
+        )
+    return [found[i] for i in sorted(best.values())]
 
 
 def _kind_of(path: str) -> str:

@@ -1,4 +1,9 @@
-"""Integration tests run against one real local Ray cluster per session (2 logical CPUs)."""
+"""Integration tests run against one real local Ray cluster per session (2 logical CPUs).
+
+The cluster lives until the whole pytest session ends, so its workers' output is not sent to
+this process: a worker line printed late would land in a later test's captured stderr (the
+unit tests check that a user error is the last line). Tests read what the driver says.
+"""
 
 import logging
 
@@ -15,6 +20,7 @@ def ray_cluster():
         object_store_memory=512 << 20,
         include_dashboard=False,
         logging_level=logging.WARNING,
+        log_to_driver=False,
     )
     yield ray
     ray.shutdown()

@@ -161,6 +161,22 @@ def test_directory_expands_sorted_and_mixes_kinds(tmp_path):
         plan_windows([str(tmp_path / "README")], window_samples=1)
 
 
+def test_a_recursive_glob_through_a_symlinked_directory_loop_reads_each_file_once(tmp_path, caplog):
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    write_jsonl(data / "top.jsonl", [{"text": "t0"}])
+    write_jsonl(data / "sub" / "deep.jsonl", [{"text": "d0"}, {"text": "d1"}])
+    (data / "sub" / "up").symlink_to(data)  # data/sub/up/sub/up/... : a loop glob follows
+    pattern = str(data / "**" / "*.jsonl")
+    assert len(sources.glob.glob(pattern, recursive=True)) > 2  # the loop is really walked
+    with caplog.at_level("WARNING", logger=sources.logger.name):
+        files = sources.expand_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
+    assert [os.path.relpath(f, data) for f, _ in files] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
+    assert "symlink loop" in caplog.text and "each file is read once" in caplog.text
+    assert "2 file(s)" in caplog.text  # the glob's own warning, then the file given twice
+    assert sorted(read_all([pattern])[1]) == ["d0", "d1", "t0"]
+
+
 # ---- global sample ids and windows -----------------------------------------------------------
 def test_global_ids_count_skipped_rows_across_files(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": "a0"}, b"{oops", {"text": "a2"}])
