@@ -85,7 +85,7 @@ def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> Non
 def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_from: Path | None,
          state: dict | None) -> dict[str, Any]:
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
     from ray.train.torch import TorchTrainer
 
@@ -122,6 +122,9 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
             name=RUN_NAME, storage_path=str(output),
             checkpoint_config=CheckpointConfig(num_to_keep=run.train.keep_checkpoints),
             failure_config=FailureConfig(max_failures=run.train.max_failures),
+            # the controller's and workers' INFO lines (resources requested, worker group started,
+            # process group set up) say nothing to a packfeed user; a restart still says WARNING
+            logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
     start_step = 0 if state is None else int(state["step"])

@@ -40,11 +40,11 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train.torch
     import torch
 
-    _quiet_worker_logs()
     run = RunConfig.from_dict(config["run"])
     train, seq_len = run.train, run.data.seq_len
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    _quiet_worker_logs(rank)
     device = ray.train.torch.get_device()
     if device.type == "cpu":
         # Workers share the CPUs with the packing actors: one intra-op thread each.
@@ -147,10 +147,15 @@ def _report(model: Any, optimizer: Any, scheduler: Any, feeder: Any, *, step: in
                          checkpoint_dir_name=f"checkpoint_{step:06d}")
 
 
-def _quiet_worker_logs() -> None:
+def _quiet_worker_logs(rank: int) -> None:
     """Ray Train's per-step INFO lines (moving the model, wrapping it in DDP, every report) and
-    transformers' save progress bars say nothing to a packfeed user: warnings only."""
+    transformers' save progress bars say nothing to a packfeed user: warnings only. The model
+    and attention lines are the same on every rank: rank 0 says them."""
     from transformers.utils import logging as hf_logging
+
+    if rank != 0:
+        for name in ("packfeed.trainer.model", "packfeed.trainer.attention"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     try:  # the per-report line's logger is named after its file, outside "ray.train"
