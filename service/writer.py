@@ -96,9 +96,11 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def prepare_output(out_dir: Path, *, inputs: Sequence[str], overwrite: bool) -> None:
+def prepare_output(out_dir: Path, *, inputs: Sequence[str], overwrite: bool, clear: bool = True) -> None:
     """Check ``out_dir`` (see the module docstring) and clear a previous packfeed output there
-    when ``overwrite``; ValueError naming the problem otherwise."""
+    when ``overwrite`` and ``clear``; ValueError naming the problem otherwise. ``clear=False``
+    only checks (and creates the directory): a command checks first and clears once every
+    other check has passed, so a mistake never costs the previous output."""
     out = Path(os.path.realpath(out_dir))
     for item in inputs:
         real = Path(os.path.realpath(item))
@@ -124,10 +126,16 @@ def prepare_output(out_dir: Path, *, inputs: Sequence[str], overwrite: bool) -> 
                 )
             if not overwrite:
                 raise ValueError(f"--output {out_dir} already holds packed output; pass --overwrite to replace it")
+            if not clear:
+                return _check_writable(out)
             for name in ours:
                 (out / name).unlink(missing_ok=True)
             shutil.rmtree(out / META_DIR)
     out.mkdir(parents=True, exist_ok=True)
+    _check_writable(out)
+
+
+def _check_writable(out: Path) -> None:
     probe = out / f".packfeed-write-test-{os.getpid()}"
     probe.write_text("")  # a read-only location fails here, naming the path, before any work
     probe.unlink()

@@ -3,9 +3,9 @@
     packfeed pack INPUT... --tokenizer T --seq-len L --output DIR [data flags]
     packfeed pack --config data.toml --output DIR
 
-Before Ray starts: the config, the output directory, the plan (every input scanned), the
+Before Ray starts: the config, the plan (every input scanned), the output directory, the
 tokenizer, and a probe of every input's first rows (formats detected, a source with no valid
-sample refused). Then the rows stream into DIR with progress, and the run ends with the
+sample refused); a previous output is removed (``--overwrite``) only once all of them passed. Then the rows stream into DIR with progress, and the run ends with the
 packing report. It exits non-zero, saying why, when nothing was packed, when a source
 delivered nothing, or when more than ``--max-skip-fraction`` of the samples read was bad.
 """
@@ -44,19 +44,22 @@ def run(args: argparse.Namespace) -> int:
     from packfeed.service.plan import build_plan
     from packfeed.service.probe import describe, probe
     from packfeed.service.tokenize import load_tokenizer
-    from packfeed.service.writer import ParquetRowWriter
+    from packfeed.service.writer import ParquetRowWriter, prepare_output
 
     base = load_config_file(args.config)
     config = data_config_from_args(args, base)
     packing = packing_from_args(args, base)
     output = resolve_output(args.output)
     plan = build_plan(config)
-    writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
-                              overwrite=args.overwrite, inputs=[f.path for s in plan.sources for f in s.files])
+    inputs = [f.path for s in plan.sources for f in s.files]
+    prepare_output(output, inputs=inputs, overwrite=args.overwrite, clear=False)
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)
     for line in describe(probe(plan), plan):
         logger.info(line)
+    # every check passed: only now may --overwrite remove the previous output
+    writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
+                              overwrite=args.overwrite, inputs=inputs)
     return _pack(args, config, plan, packing, writer, tokenizer)
 
 

@@ -125,6 +125,24 @@ def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
     assert code == 2 and "contains the input" in one_line_error(err)
 
 
+def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, good, tmp_path):
+    """``--overwrite`` removed the previous rows before the tokenizer and the inputs were checked:
+    a typo cost a good dataset."""
+    from packfeed.service.writer import ParquetRowWriter
+
+    out = tmp_path / "o"
+    ParquetRowWriter(out, seq_len=64, config_hash="h").close(config={"previous": True}, stats={"rows": 0})
+    before = {p.name: p.read_bytes() for p in (out / ".packfeed").iterdir()}
+    code, err = run(capsys, "pack", good, "--tokenizer", "service/assets/tokenizr", "--seq-len", "64",
+                    "--output", str(out), "--overwrite")
+    assert code == 2 and "tokenizr" in one_line_error(err)
+    code, err = run(capsys, "pack", good, "--format", "messages", "--tokenizer", TOK, "--seq-len", "64",
+                    "--output", str(out), "--overwrite")  # the probe refuses the source
+    assert code == 2 and "none of the first" in one_line_error(err)
+    assert {p.name: p.read_bytes() for p in (out / ".packfeed").iterdir()} == before
+    assert set(before) == {"files.json", "config.json", "stats.json"}
+
+
 def test_debug_shows_the_traceback_of_a_user_error(capsys, good, tmp_path):
     with pytest.raises(ValueError, match="seq_len must be at most"):
         main(["--debug", "pack", good, "--tokenizer", TOK, "--seq-len", str(10**12), "--output", str(tmp_path / "o")])
