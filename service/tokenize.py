@@ -77,7 +77,7 @@ class TokenizedSamples:
     tokens: np.ndarray  # int32 [T]
     labels: np.ndarray  # int32 [T]; the token where trained, IGNORE_INDEX where not
     offsets: np.ndarray  # int64 [n + 1]
-    sample_ids: np.ndarray  # int64 [n], ascending
+    sample_ids: np.ndarray  # int64 [n], in the window's order (one loss mode after another)
     skips: list[Skip] = field(default_factory=list)
 
     def __len__(self) -> int:

@@ -77,9 +77,10 @@ def _tokenize(
     for mode, tokenizer in tokenizers:
         positions = [p for p, s in enumerate(raw.sources.tolist()) if losses[s] == mode]
         parts.append(tokenizer.tokenize(raw.select(positions)))
-    offsets = [np.asarray([0], np.int64)]
-    for part in parts:
-        offsets.append(part.offsets[1:] + offsets[-1][-1])
+    offsets, base = [np.zeros(1, np.int64)], 0
+    for part in parts:  # a part whose samples were all skipped adds no offset, only its skips
+        offsets.append(part.offsets[1:] + base)
+        base += int(part.offsets[-1])
     return TokenizedSamples(
         tokens=np.concatenate([p.tokens for p in parts]),
         labels=np.concatenate([p.labels for p in parts]),
