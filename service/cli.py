@@ -17,8 +17,11 @@ Errors (service/errors.py): a user error is one line and exit 2; a bug, a traceb
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in commands().items():
         p = sub.add_parser(name, help=module.HELP, description=module.HELP, formatter_class=HelpFormatter)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of user errors too")
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -76,7 +80,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packfeed {args.command}: error: {message}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
     finally:
-        shutdown_ray()  # in order, before the interpreter's exit hooks run
+        with _signals_ignored():  # a second SIGTERM or Ctrl-C must not cut the shutdown short
+            shutdown_ray()  # in order, before the interpreter's exit hooks run
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 Roles (docs/design.md, "On a cluster"): nodes labelled ``packfeed/role=packer`` run the
 packing actors (CPU node group), nodes labelled ``packfeed/role=trainer`` run the train
-workers (GPU node group), and the driver-side actors (the trainer's feeder, the server's
-catch-up packer) run anywhere but a trainer node. Those are the defaults, and they apply only
+workers (GPU node group), and the driver-side actor (``packfeed train``'s feeder) runs
+anywhere but a trainer node. Those are the defaults, and they apply only
 when some node of the cluster carries the ``packfeed/role`` label: on an unlabelled local Ray
 nothing changes. Any of them can be set explicitly (``[scaling] packer_labels = {...}``; an
 empty table turns a selector off).

@@ -100,16 +100,16 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if ray.is_initialized():
         return "Ray: already initialised in this process"
     address = address or os.environ.get("RAY_ADDRESS")
+    previous = signal.getsignal(signal.SIGTERM)  # ray.init replaces it
     if address and address not in ("local", "auto"):
         check_reachable(address)
         ray.init(address=address, logging_level=logging.WARNING)
-        _own_sigterm()
+        _own_sigterm(previous)
         return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     if address == "auto":
         ray.init(address="auto", logging_level=logging.WARNING)
-        _own_sigterm()
+        _own_sigterm(previous)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
-    num_cpus = num_cpus or os.cpu_count() or 1
     extra = {}
     if dashboard:
         # Ray Train's placement-group cleaner finds "the" cluster through the State API; with a
@@ -127,16 +127,17 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         logging_level=logging.WARNING,
         **extra,
     )
-    _own_sigterm()
-    return f"Ray: started an embedded local Ray ({num_cpus} CPUs)"
+    _own_sigterm(previous)  # num_cpus None: Ray counts the CPUs this process may use (container limits too)
+    return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
-def _own_sigterm() -> None:
-    """Replace ray.init's SIGTERM handler (sys.exit, teardown in atexit) with ours."""
+def _own_sigterm(previous) -> None:
+    """Replace ray.init's SIGTERM handler (sys.exit, teardown in atexit): with the handler the
+    process had installed before (``serve`` drains on it), else with ours (``Terminated``)."""
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGTERM, previous if callable(previous) else _raise_terminated)
 
 
 def _free_port() -> int:

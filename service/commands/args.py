@@ -163,25 +163,39 @@ def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = No
     unknown = sorted(set(table) - set(PACKING_KEYS) - set(TRAIN_SCALING_KEYS))
     if unknown:
         raise ValueError(f"unknown [scaling] keys {unknown}; known: {sorted(PACKING_KEYS + TRAIN_SCALING_KEYS)}")
-    out = {
-        "num_workers": table.get("packing_workers"),
-        "cpus_per_worker": table.get("packing_cpus_per_worker", 1.0),
-        "max_workers": table.get("packing_max_workers"),
-        "packer_labels": table.get("packer_labels"),
-        "packer_resources": dict(table.get("packer_resources", {})),
-        "driver_labels": table.get("driver_labels"),
-    }
-    if args.num_workers is not None:
-        out["num_workers"] = args.num_workers
-    if args.cpus_per_worker is not None:
-        out["cpus_per_worker"] = args.cpus_per_worker
-    if args.max_workers is not None:
-        out["max_workers"] = args.max_workers
+    from packfeed.service import placement
+
+    def pick(key: str, flag: str, value: Any, default: Any = None) -> tuple[str, Any]:
+        return (flag, value) if value is not None else (f"[scaling] {key}", table.get(key, default))
+
+    workers = pick("packing_workers", "--num-workers", args.num_workers)
+    cpus = pick("packing_cpus_per_worker", "--cpus-per-worker", args.cpus_per_worker, 1.0)
+    max_workers = pick("packing_max_workers", "--max-workers", args.max_workers)
+    labels = table.get("packer_labels")
     if args.packer_label:
-        out["packer_labels"] = parse_pairs(args.packer_label, "--packer-label", str)
+        labels = parse_pairs(args.packer_label, "--packer-label", str)
+    resources = table.get("packer_resources", {})
     if args.packer_resource:
-        out["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
-    return out
+        resources = parse_pairs(args.packer_resource, "--packer-resource", float)
+    return {  # checked here, before Ray starts; driver_labels place train's feeder only
+        "num_workers": _count(*workers),
+        "cpus_per_worker": _positive(*cpus),
+        "max_workers": _count(*max_workers),
+        "packer_labels": None if labels is None else placement.check_selector("packer labels", labels),
+        "packer_resources": placement.check_resources("packer resources", resources),
+    }
+
+
+def _count(name: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
@@ -198,25 +212,20 @@ def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
 
 
 def place_packing(packing: dict[str, Any], *, num_windows: int):
-    """After Ray started: the packing Scaling with its selectors resolved against the nodes,
-    checked to fit (a request no node can satisfy fails here, with the numbers). Returns
-    (Scaling, driver selector)."""
+    """After Ray started: the packing Scaling with its selector resolved against the nodes,
+    checked to fit (a request no node can satisfy fails here, with the numbers)."""
     from packfeed.service import placement
     from packfeed.service.pipeline import Scaling, resolve_workers
 
     nodes = placement.node_resources()
     packer = placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, nodes)
-    driver = placement.resolve(packing["driver_labels"], placement.DRIVER_DEFAULT, nodes)
-    if packing["packer_labels"] is not None:
-        packer = placement.check_selector("packer_labels", packer)
     scaling = Scaling(
         num_workers=packing["num_workers"], cpus_per_worker=packing["cpus_per_worker"],
-        max_workers=packing["max_workers"], label_selector=packer,
-        resources=placement.check_resources("packer_resources", packing["packer_resources"]),
+        max_workers=packing["max_workers"], label_selector=packer, resources=packing["packer_resources"],
     )
     count = resolve_workers(scaling, num_windows)
     placement.check_fits("packing actors", {"CPU": scaling.cpus_per_worker, **scaling.resources}, count, packer, nodes)
-    return scaling, driver
+    return scaling
 
 
 def resolve_output(path: Path, flag: str = "--output") -> Path:

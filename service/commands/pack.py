@@ -73,7 +73,7 @@ def _pack(args, config, plan, packing, writer, tokenizer) -> int:
     start = time.perf_counter()
     logger.info(init_ray(args.address))
     ray_init_seconds = time.perf_counter() - start
-    scaling, _ = place_packing(packing, num_windows=plan.num_windows)
+    scaling = place_packing(packing, num_windows=plan.num_windows)
     pipeline = PackingPipeline(config, plan, scaling=scaling)
     if pipeline.num_workers > len(pipeline.windows):
         logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)

@@ -14,8 +14,9 @@ every call when set (and is not passed on to Ray's processes); without one the s
 only on loopback unless ``--insecure``. ``--tls-cert``/``--tls-key`` serve TLS.
 
 Shutdown: SIGTERM or SIGINT drain the server (in-flight batches finish, clients see
-UNAVAILABLE and resume from their cursor), then the reader is stopped and waited for, the
-catch-up actor released, and Ray shut down, in that order: exit 0, no process left behind.
+UNAVAILABLE and resume from their cursor), then the reader is stopped and waited for, and Ray
+shut down, in that order: exit 0, no process left behind. A signal during start-up ends the
+server the same way once it has started.
 
 The manifest (first row of each window, stream length) is kept under ``--state-dir``, so a
 restarted server resumes any cursor by packing from the window that holds it.
@@ -183,31 +184,33 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     from packfeed.service.server import PackFeedService, build_server, drain
 
     started = time.perf_counter()
+    failed, stop = threading.Event(), threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # before Ray starts: init_ray keeps them
+        signal.signal(sig, lambda *_: stop.set())
     if ray_needed:
         source = _pipeline_source(args)
     manifest = Manifest(source.manifest_key, state_dir / f"{source.manifest_key}.json")
     source.seed_manifest(manifest)
 
     def reader_failed(exc: BaseException) -> None:
-        from packfeed.service.errors import root_cause
+        from packfeed.service.errors import root_cause, user_message
 
         cause = root_cause(exc)
-        logger.error("the pipeline failed, NOT_SERVING from now on: %s: %s", type(cause).__name__, cause)
+        bug = user_message(exc) is None or args.debug  # a user's error is its line, a bug keeps its traceback
+        logger.error("the pipeline failed, NOT_SERVING from now on: %s: %s", type(cause).__name__, cause,
+                     exc_info=cause if bug else None)
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if args.exit_on_failure:
             failed.set()
             stop.set()
 
-    failed, stop = threading.Event(), threading.Event()
     hub = RowHub(source.open_reader, manifest, capacity=args.buffer_rows, pack_window=source.pack_window,
                  idle_timeout_s=args.idle_timeout_seconds, on_error=reader_failed)
     service = PackFeedService(hub, source, max_batch_rows=args.max_batch_rows, max_consumers=args.max_consumers)
     server, port, health_servicer = build_server(
         service, host=args.host, port=args.port, token=token, tls=tls, max_consumers=args.max_consumers
     )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     metrics = None
     if args.metrics_port is not None:
         from packfeed.service.metrics import start_metrics_server
@@ -260,7 +263,7 @@ def _pipeline_source(args: argparse.Namespace):
     for line in describe(probe(plan), plan):
         logger.info(line)
     logger.info(init_ray(args.address))
-    scaling, _ = place_packing(packing, num_windows=plan.num_windows)
+    scaling = place_packing(packing, num_windows=plan.num_windows)
     return pipeline_source(config, plan, tokenizer, scaling)
 
 

@@ -119,6 +119,21 @@ def test_a_bad_mixture_in_the_config_fails_naming_the_source(capsys, good, tmp_p
     assert code == 2 and "source 'web': weight must be a finite number > 0" in one_line_error(err)
 
 
+@pytest.mark.parametrize(("scaling", "flags", "message"), [
+    ("packer_resources = 4", (), "packer resources must be a table of resource = amount, got 4"),
+    ('packing_workers = "4"', (), "[scaling] packing_workers must be a whole number >= 1, got '4'"),
+    ('packer_labels = "packer"', (), "packer labels must be a table of label"),
+    ("packing_cpus_per_worker = 0", (), "[scaling] packing_cpus_per_worker must be a number > 0, got 0"),
+    ("", ("--num-workers", "0"), "--num-workers must be a whole number >= 1, got 0"),
+    ("", ("--packer-resource", "GPU_LIKE=-1"), "packer resources: GPU_LIKE must be a number > 0, got -1.0"),
+])
+def test_wrong_scaling_values_fail_before_ray_naming_the_key(capsys, good, tmp_path, scaling, flags, message):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\n[[data.sources]]\npaths = ["{good}"]\n[scaling]\n{scaling}\n')
+    code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"), *flags)
+    assert code == 2 and message in one_line_error(err)  # serve and train read [scaling] with the same checks
+
+
 def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
     code, err = run(capsys, "pack", str(tmp_path), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path),
                     "--overwrite")
@@ -144,8 +159,10 @@ def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, go
 
 
 def test_debug_shows_the_traceback_of_a_user_error(capsys, good, tmp_path):
-    with pytest.raises(ValueError, match="seq_len must be at most"):
-        main(["--debug", "pack", good, "--tokenizer", TOK, "--seq-len", str(10**12), "--output", str(tmp_path / "o")])
+    argv = ["pack", good, "--tokenizer", TOK, "--seq-len", str(10**12), "--output", str(tmp_path / "o")]
+    for where in ([], ["--debug"]):  # before the command or among its flags
+        with pytest.raises(ValueError, match="seq_len must be at most"):
+            main(["--debug", *argv] if not where else [*argv, *where])
 
 
 def test_version_and_bugs_keep_their_traceback(capsys):

@@ -164,12 +164,10 @@ def check_with_packfeed(args: argparse.Namespace, base: dict, cluster: dict) -> 
         packing = packing_from_args(args, base)
         if args.command == "serve":
             serve.check_args(args, token="read from the token Secret")
-        selectors = {"packer": placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, start),
-                     "driver": placement.resolve(packing["driver_labels"], placement.DRIVER_DEFAULT, start)}
+        selectors = {"packer": placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, start)}
         request = {"CPU": packing["cpus_per_worker"], **packing["packer_resources"]}
         # None: one actor per CPU of the packer nodes, which fits by construction
         placement.check_fits("packing actors", request, packing["num_workers"] or 1, selectors["packer"], start)
-        placement.check_fits("driver-side actors", {}, 1, selectors["driver"], start)
         max_workers = packing["max_workers"]
     if max_workers:
         placement.check_fits("packing actors at packing_max_workers", request, max_workers, selectors["packer"],
@@ -293,9 +291,9 @@ def test_job_configs_load_and_place_with_packfeeds_own_checks(item, tmp_path):
     base = load_text(config_text(job, args), args, tmp_path)
     selectors = check_with_packfeed(args, base, cluster_of(job))
     # packfeed's role defaults place everything, from the labels of the groups alone
-    assert selectors["packer"] == placement.PACKER_DEFAULT and selectors["driver"] == placement.DRIVER_DEFAULT
-    if args.command == "train":
-        assert selectors["trainer"] == placement.TRAINER_DEFAULT
+    assert selectors["packer"] == placement.PACKER_DEFAULT
+    if args.command == "train":  # train's feeder is its one driver-side actor
+        assert selectors["trainer"] == placement.TRAINER_DEFAULT and selectors["driver"] == placement.DRIVER_DEFAULT
 
 
 @pytest.mark.parametrize("old, new, expected", [
