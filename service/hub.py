@@ -66,11 +66,15 @@ class HubClosed(Exception):
 
 class Manifest:
     """Global index of the first row of each window, and the stream length once known.
-    Optionally persisted as JSON at ``path`` (rewritten atomically when it learns something).
+
+    Optionally persisted at ``path`` as JSON lines: a header ``{"key": ...}``, then one line per
+    window learnt (``{"w": window, "r": first_row}``) and ``{"end": total_rows}``, appended as
+    they arrive, so recording costs the same at window 10 and at window 100,000. A torn last
+    line (a killed server) is ignored on load.
 
     ``key`` identifies the stream (data config hash + the plan): a file written for another
-    key is ignored, never trusted. The file is a cache: a failed write is logged once and the
-    stream goes on (``check_writable`` is the start-up check).
+    key is ignored, never trusted, and replaced at the first write. The file is a cache: a
+    failed write is logged once and the stream goes on (``check_writable`` is the start-up check).
     """
 
     def __init__(self, key: str, path: Path | None = None) -> None:
@@ -78,16 +82,37 @@ class Manifest:
         self.path = Path(path) if path is not None else None
         self._lock = threading.Lock()
         self.first_row: dict[int, int] = {0: 0}
+        self._starts: list[tuple[int, int]] = [(0, 0)]  # (first_row, window), sorted: what locate searches
         self.total_rows: int | None = None
         self._write_failed = False
+        self._file_ours = False  # the file at path holds this key's header: append to it
+        self._torn = False
         if self.path is not None and self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return
+        lines = text.splitlines()
+        self._torn = not text.endswith("\n")  # the next line must not continue a torn one
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except ValueError:
+            return
+        if not isinstance(header, dict) or header.get("key") != self.key:
+            return
+        self._file_ours = True
+        for line in lines[1:]:
             try:
-                saved = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                saved = {}
-            if isinstance(saved, dict) and saved.get("key") == key:
-                self.first_row.update({int(w): int(r) for w, r in saved.get("first_row", {}).items()})
-                self.total_rows = saved.get("total_rows")
+                entry = json.loads(line)
+                if "end" in entry:
+                    self.total_rows = int(entry["end"])
+                else:
+                    self._set(int(entry["w"]), int(entry["r"]))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue  # a torn line: what it said is learnt again
 
     def check_writable(self) -> None:
         """OSError naming the directory unless the manifest can be written there."""
@@ -101,45 +126,59 @@ class Manifest:
     def locate(self, row: int) -> tuple[int, int]:
         """(window, its first row) of the latest known window starting at or before ``row``."""
         with self._lock:
-            known = sorted(self.first_row.items(), key=lambda wr: (wr[1], wr[0]))
-        rows = [r for _, r in known]
-        i = bisect.bisect_right(rows, row) - 1
-        return known[max(i, 0)]
+            i = bisect.bisect_right(self._starts, (row, float("inf"))) - 1
+            first, window = self._starts[max(i, 0)]
+        return window, first
 
     def record(self, window: int, first_row: int) -> None:
         with self._lock:
             if self.first_row.get(window) == first_row:
                 return
-            self.first_row[window] = first_row
-        self._save()
+            self._set(window, first_row)
+            self._append({"w": window, "r": first_row})
 
     def record_end(self, total_rows: int) -> None:
         with self._lock:
             if self.total_rows == total_rows:
                 return
             self.total_rows = total_rows
-        self._save()
+            self._append({"end": total_rows})
 
     def to_dict(self) -> dict:
         with self._lock:
             return {"key": self.key, "first_row": {str(w): r for w, r in self.first_row.items()},
                     "total_rows": self.total_rows}
 
-    def _save(self) -> None:
+    def _set(self, window: int, first_row: int) -> None:
+        old = self.first_row.get(window)
+        if old is not None:
+            self._starts.remove((old, window))
+        self.first_row[window] = first_row
+        bisect.insort(self._starts, (first_row, window))
+
+    def _append(self, entry: dict) -> None:
+        """Write what was learnt (caller holds the lock: lines keep their order)."""
         if self.path is None:
             return
-        with self._lock:  # held while writing: an older snapshot never replaces a newer one
-            blob = json.dumps({"key": self.key, "first_row": self.first_row, "total_rows": self.total_rows})
-            try:
+        try:
+            if not self._file_ours:  # a new file, or another stream's: start it with what we know
+                lines = [{"key": self.key}, *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
+                if self.total_rows is not None:
+                    lines.append({"end": self.total_rows})
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(blob)
+                tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
                 os.replace(tmp, self.path)
-            except OSError as e:
-                if not self._write_failed:
-                    logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
-                                   "restart will pack from the last window it knows", self.path, e)
-                self._write_failed = True
+                self._file_ours = True
+                return
+            with open(self.path, "a") as f:
+                f.write(("\n" if self._torn else "") + json.dumps(entry) + "\n")
+            self._torn = False
+        except OSError as e:  # tried again at the next window; said once
+            if not self._write_failed:
+                logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
+                               "restart will pack from the last window it knows", self.path, e)
+            self._write_failed = True
 
 
 @dataclass
@@ -204,7 +243,8 @@ class RowHub:
         self._floor = 0  # rows below this index are not held and the reader will not produce them
         self._produced = 0  # the main reader has produced every row below this index
         self._generation = 0  # bumped to stop the current reader thread
-        self._reader: threading.Thread | None = None
+        self._reader: threading.Thread | None = None  # the current main reader
+        self._readers: list[threading.Thread] = []  # every reader still running (superseded ones end soon)
         self._error: BaseException | None = None
         self._consumers: dict[int, _ConsumerState] = {}
         self._waiting: dict[object, int] = {}  # one entry per waiting call: the highest row it waits for
@@ -264,13 +304,15 @@ class RowHub:
             self._cond.notify_all()
 
     def close(self, timeout: float = 10.0) -> bool:
-        """Drain and wait for the reader thread to end; True when it did."""
+        """Drain and wait for every reader thread (superseded ones too) to end, within
+        ``timeout`` in all; True when they did. Nothing of the pipeline runs after it."""
         self.drain()
-        reader = self._reader
-        if reader is not None:
-            reader.join(timeout)
-            return not reader.is_alive()
-        return True
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            readers = list(self._readers)
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        return not any(reader.is_alive() for reader in readers)
 
     def _rows(self, cid: int, indices: range, alive: Callable[[], bool]) -> tuple[PackedRows | None, int | None]:
         """Rows ``indices`` (an increasing range) that exist, and the stream length if known.
@@ -300,6 +342,8 @@ class RowHub:
                     state.attached = False  # a far consumer: served apart, holds nothing back
                     break
                 state.attached = True
+                if self._error is not None:  # rows below the failure's floor: the pipeline is not run again
+                    raise self._error
                 if self._reader is None or behind or self._worth_jumping(want[0]):
                     self._restart_reader(self._low())
                 token = object()  # one consumer may wait in several calls (a restarted trainer rank)
@@ -313,7 +357,7 @@ class RowHub:
                     raise ConsumerGone()
         rows = self._catch_up(want)
         with self._cond:
-            self.rows_served += len(want)
+            self.rows_served += rows.num_rows
             return rows, self.manifest.total_rows
 
     def _forget(self, cid: int) -> None:
@@ -356,6 +400,7 @@ class RowHub:
             target=self._read, args=(self._generation, window, first_row), name=f"packfeed-reader-{window}", daemon=True
         )
         self._reader = thread
+        self._readers = [t for t in self._readers if t.is_alive()] + [thread]
         thread.start()
 
     def _read(self, generation: int, window: int, first_row: int) -> None:
@@ -447,10 +492,10 @@ class RowHub:
                 piece = self._catchup.get(window)
                 if piece is None:
                     rows = self._pack_window(window)
-                    self.catchup_windows += 1
                     if rows is None:  # past the last window: the stream ends here
                         self.manifest.record_end(first)
                         break
+                    self.catchup_windows += 1
                     piece = _Piece(first, _with_index(rows, first))
                     self._cache(window, piece)
                 else:

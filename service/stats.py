@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -124,12 +125,19 @@ class RunStats:
         self.skip_examples: list[Skip] = []
         self.tokenizer_backends: Counter = Counter()
         self.tokenizer_checks: list[dict[str, Any]] = []
+        # The reader, the serve catch-up path and a metrics scrape use one RunStats from
+        # their own threads: a window is counted once and read whole.
+        self._lock = threading.RLock()
 
     @property
     def windows(self) -> int:
         return len(self.seen)
 
     def add(self, ws: WindowStats) -> None:
+        with self._lock:
+            self._add(ws)
+
+    def _add(self, ws: WindowStats) -> None:
         if ws.window in self.seen:
             return
         self.seen.add(ws.window)
@@ -144,21 +152,24 @@ class RunStats:
 
     def source_total(self, index: int) -> Counts:
         total = Counts()
-        for epoch in self.by_epoch.values():
-            if index in epoch:
-                total.merge(epoch[index])
+        with self._lock:
+            for epoch in self.by_epoch.values():
+                if index in epoch:
+                    total.merge(epoch[index])
         return total
 
     def total(self) -> Counts:
         total = Counts()
-        for index in range(len(self.names)):
-            total.merge(self.source_total(index))
+        with self._lock:
+            for index in range(len(self.names)):
+                total.merge(self.source_total(index))
         return total
 
     def check_accounting(self) -> None:
-        for e, sources in self.by_epoch.items():
-            for index, counts in sources.items():
-                counts.check(f"epoch {e}, source {self.names[index]!r}")
+        with self._lock:
+            for e, sources in self.by_epoch.items():
+                for index, counts in sources.items():
+                    counts.check(f"epoch {e}, source {self.names[index]!r}")
 
     def empty_sources(self) -> list[str]:
         """Sources that were read but delivered no sample (all their rows were bad)."""
@@ -167,6 +178,10 @@ class RunStats:
 
     def to_dict(self, *, seq_len: int, seconds: float) -> dict[str, Any]:
         """The stats.json of a run: totals first, then a ``sources`` table (per epoch too)."""
+        with self._lock:
+            return self._to_dict(seq_len=seq_len, seconds=seconds)
+
+    def _to_dict(self, *, seq_len: int, seconds: float) -> dict[str, Any]:
         total = self.total()
         capacity = self.rows * seq_len
         out = total.to_dict()

@@ -491,6 +491,23 @@ def test_rows_held_before_a_reader_error_are_still_served_and_the_error_is_repor
     assert stream.opened == [(0, 0)]  # a failed reader is not restarted behind the server's back
 
 
+def test_rows_below_the_buffer_after_a_reader_error_get_the_error_not_a_new_reader():
+    error = ValueError("bad sample under --strict")
+    stream = SyntheticStream(fail_at=400, error=error)
+    reported: list[BaseException] = []
+    hub = make_hub(stream, capacity=128, on_error=reported.append)  # no catch-up path (the trainer's feeder)
+    with hub.consumer(alive=alive_until()) as consumer:
+        for start in range(0, 320, 8):  # the buffer moves on: row 0 is evicted
+            assert_rows(consumer.rows(range(start, start + 8))[0], range(start, start + 8))
+        wait_for(lambda: reported, what="the reader to fail")
+    with hub.consumer(alive=alive_until()) as late:
+        with pytest.raises(ValueError) as raised:
+            late.rows(range(0, 8))
+    hub.close()
+    assert raised.value is error and reported == [error]
+    assert stream.opened == [(0, 0)]  # the failing pipeline is not run again from the start
+
+
 def test_drain_wakes_waiting_consumers_with_hub_closed():
     gate = threading.Event()  # the reader blocks before its first block: nothing is ever produced
     stream = SyntheticStream(gate=gate)
@@ -586,7 +603,35 @@ def test_manifest_round_trip_through_its_file(tmp_path):
     assert back.total_rows == 555
     assert back.locate(401) == (7, 400)
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.json"], "temporary files left behind"
-    assert json.loads(path.read_text())["key"] == "cfg-abc"
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0]) == {"key": "cfg-abc"} and len(lines) == 5  # a line per fact known
+    m.record(7, 400)  # known: nothing written
+    with open(path, "a") as f:
+        f.write('{"w": 9, "r"')  # a server killed mid-line
+    back = Manifest("cfg-abc", path)
+    assert back.first_row == {0: 0, 3: 120, 7: 400} and back.total_rows == 555
+    back.record(9, 700)  # appended after the torn line, read back
+    assert Manifest("cfg-abc", path).locate(800) == (9, 700)
+
+
+def test_a_manifest_of_another_stream_is_replaced_at_the_first_write(tmp_path):
+    path = tmp_path / "m.json"
+    Manifest("old", path).record(4, 100)
+    m = Manifest("new", path)
+    assert m.first_row == {0: 0}
+    m.record(2, 50)
+    assert Manifest("new", path).first_row == {0: 0, 2: 50} and Manifest("old", path).first_row == {0: 0}
+
+
+def test_manifest_locate_matches_a_scan_over_many_windows():
+    rng = np.random.default_rng(0)
+    starts = np.concatenate([[0], np.cumsum(rng.integers(0, 5, 2000))])  # empty windows share a start
+    m = Manifest("k")
+    for window in rng.permutation(len(starts)):
+        m.record(int(window), int(starts[window]))
+    for row in range(0, int(starts[-1]) + 10, 7):
+        window = max(w for w in range(len(starts)) if starts[w] <= row)
+        assert m.locate(row) == (window, int(starts[window]))
 
 
 @pytest.mark.parametrize(
