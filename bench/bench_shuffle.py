@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -27,11 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from packfeed.service.config import DataConfig  # noqa: E402
-from packfeed.service.plan import build_plan  # noqa: E402
-from packfeed.service.sources import read_window  # noqa: E402
+from packfeed.service.config import DataConfig
+from packfeed.service.plan import build_plan
+from packfeed.service.sources import read_window
 
 TOPICS = 8
 WINDOW = 8192

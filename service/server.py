@@ -309,6 +309,9 @@ def check_tls_files(cert: bytes, key: bytes, cert_path: str, key_path: str) -> N
         raise ValueError(f"--tls-cert {cert_path} is not a PEM certificate")
     if b"-----BEGIN" not in key or b"PRIVATE KEY" not in key:
         raise ValueError(f"--tls-key {key_path} is not a PEM private key")
+    if b"ENCRYPTED" in key:  # gRPC cannot use it, and OpenSSL would ask for its passphrase on the terminal
+        raise ValueError(f"--tls-key {key_path} is encrypted: give the key without a passphrase "
+                         "(e.g. openssl pkey -in KEY -out PLAIN_KEY), kept in a Kubernetes Secret or a 0600 file")
     with tempfile.TemporaryDirectory() as tmp:
         c, k = f"{tmp}/cert.pem", f"{tmp}/key.pem"
         with open(c, "wb") as f:
@@ -316,7 +319,7 @@ def check_tls_files(cert: bytes, key: bytes, cert_path: str, key_path: str) -> N
         with open(k, "wb") as f:
             f.write(key)
         try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(c, k)
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(c, k, password=lambda: b"")  # never prompt
         except ssl.SSLError as e:
             if "KEY_VALUES_MISMATCH" in str(e) or "key values mismatch" in str(e):
                 raise ValueError(f"--tls-key {key_path} is not the private key of --tls-cert {cert_path}") from None

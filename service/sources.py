@@ -477,23 +477,43 @@ Row = tuple[int, Any, "InvalidRecord | None"]
 
 
 def _columnar_tables(spec: WindowSpec) -> dict[int, Any]:
-    """piece position -> its table (or an InvalidRecord when the file could not be decoded)."""
-    by_file: dict[str, list[int]] = {}
+    """piece position -> its table (or an InvalidRecord when its rows could not be decoded).
+
+    The pieces of one file (and format) are read in one call; when that fails, piece by piece,
+    so a corrupt row group costs its own rows only. An operating-system error (a missing file,
+    no permission, an I/O error) is raised: it is not bad data."""
+    by_file: dict[tuple[str, str], list[int]] = {}
     for i, p in enumerate(spec.pieces):
         if p.kind in ("parquet", "arrow"):
-            by_file.setdefault(p.path, []).append(i)
+            by_file.setdefault((p.path, p.format), []).append(i)
     out: dict[int, Any] = {}
-    for path, positions in by_file.items():
+    for (path, fmt), positions in by_file.items():
         pieces = [spec.pieces[i] for i in positions]
         try:
-            tables = _read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces],
-                                   pieces[0].format)
-        except Exception as e:  # a corrupt row group or batch: these rows are unreadable, not a crash
-            if not type(e).__module__.startswith("pyarrow") and not isinstance(e, (OSError, ValueError)):
-                raise
-            tables = [InvalidRecord(UNREADABLE, f"{type(e).__name__}: {str(e)[:200]}")] * len(pieces)
-        out.update(zip(positions, tables))
+            out.update(zip(positions, _read_pieces(path, fmt, pieces)))
+        except _Undecodable as first:
+            for i, piece in zip(positions, pieces):
+                try:
+                    out[i] = _read_pieces(path, fmt, [piece])[0] if len(pieces) > 1 else first.record
+                except _Undecodable as e:
+                    out[i] = e.record
     return out
+
+
+class _Undecodable(Exception):
+    def __init__(self, record: InvalidRecord) -> None:
+        self.record = record
+
+
+def _read_pieces(path: str, fmt: str, pieces: list[Piece]) -> list[Any]:
+    try:
+        return _read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces], fmt)
+    except Exception as e:  # a corrupt row group or batch: these rows are unreadable, not a crash
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        if not type(e).__module__.startswith("pyarrow") and not isinstance(e, (OSError, ValueError)):
+            raise
+        raise _Undecodable(InvalidRecord(UNREADABLE, f"{type(e).__name__}: {str(e)[:200]}")) from None
 
 
 def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.stream import STATE_VERSION
@@ -36,8 +36,8 @@ logger = logging.getLogger(__name__)
 
 class RowFeeder:
     """Plain class (tests drive it directly); ``ray.remote(num_cpus=0, max_concurrency=...)``
-    in a run. ``open_reader``: the hub's reader (tests inject one; a run builds it from the
-    pipeline, see ``pipeline_reader``). ``state``: the stream state of the checkpoint to resume
+    in a run. ``open_reader``: the hub's reader (tests inject one; a run's
+    ``StreamFeeder`` uses ``service.streams.pipeline_source``'s). ``state``: the stream state of the checkpoint to resume
     from (None: the start); ``first_step``: the global step the run starts at."""
 
     def __init__(
@@ -113,19 +113,6 @@ class RowFeeder:
         if self._stats is None:
             return {}
         return self._stats.to_dict(seq_len=self.seq_len, seconds=time.perf_counter() - self._started)
-
-
-def pipeline_reader(config: Any, plan: Any, scaling: Any, stats: Any) -> OpenReader:
-    """The hub's reader over a PackingPipeline; every pipeline it opens folds its windows'
-    stats into ``stats`` (one RunStats for the run)."""
-    from packfeed.service.pipeline import PackingPipeline
-
-    def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
-        pipeline = PackingPipeline(config, plan, scaling=scaling, start_window=window, stats=stats)
-        for out in pipeline.iter_windows(first_row):
-            yield out.window, out.rows
-
-    return open_reader
 
 
 def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:

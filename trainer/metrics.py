@@ -17,6 +17,7 @@ Cost: one all_reduce of 2 numbers per interval, O(1) per step otherwise.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,17 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def keep_records_until(path: Path, step: int) -> None:
+    """Drop the records of steps after ``step`` (a run resumed or restarted from the checkpoint
+    of ``step`` trains them again: the curve and the summary count each step once)."""
+    records = read_jsonl(path)
+    kept = [r for r in records if r["step"] <= step]
+    if len(kept) < len(records):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

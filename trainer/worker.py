@@ -25,7 +25,7 @@ from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
 from packfeed.trainer.config import RunConfig
-from packfeed.trainer.metrics import MetricsWindow, append_jsonl, peak_flops, progress_line
+from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model import build_model, flops_per_token
 from packfeed.trainer.optim import build_optimizer
 from packfeed.trainer.step import train_step
@@ -67,9 +67,11 @@ def train_loop_per_worker(config: dict) -> None:
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     peak_total = peak * world if peak else None
 
-    pending = feeder.get_step.remote(rank, step)
+    last, start_step = train.last_step, step
+    if rank == 0:
+        keep_records_until(output / "metrics.jsonl", start_step)
+    pending = feeder.get_step.remote(rank, step) if step < last else None
     window = MetricsWindow()
-    last = train.last_step
     lr = float(optimizer.param_groups[0]["lr"])
     reported = -1
     while step < last:
@@ -106,7 +108,7 @@ def train_loop_per_worker(config: dict) -> None:
         if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
             _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=result.loss)
             reported = step
-    if step and reported != step:
+    if step > start_step and reported != step:
         # The stream ended before the last step: checkpoint where the run stopped.
         _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=float("nan"))
     if rank == 0:

@@ -123,6 +123,9 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
             f"refusing to serve on {args.host} without a token: anyone who can reach it could read the data. "
             f"Give --auth-token-file (or ${TOKEN_ENV}), listen on 127.0.0.1, or pass --insecure"
         )
+    if token is not None and args.tls_cert is None and not is_loopback(args.host):
+        logger.warning("serving on %s without TLS: the token and the rows cross the network in clear text "
+                       "(give --tls-cert/--tls-key unless the network itself is private)", args.host)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -122,6 +122,9 @@ def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, inte
         train(run_config, output=tmp_path)
     train(run_config, output=tmp_path, resume=True)
     assert_same_training(rows_seen(straight), rows_seen(tmp_path))
+    checkpoints = sorted(p.name for p in (tmp_path / "ray").glob("checkpoint_*"))
+    again = train(run_config, output=tmp_path, resume=True)  # a finished run applied again (`--resume auto` jobs)
+    assert again["steps"] == STEPS and sorted(p.name for p in (tmp_path / "ray").glob("checkpoint_*")) == checkpoints
     all_rows = [i for rows, _ in rows_seen(straight).values() for i in rows]
     assert len(all_rows) == len(set(all_rows)) > 0, "no row is trained twice"
 
@@ -160,6 +163,8 @@ def test_a_worker_killed_mid_run_is_restarted_and_trains_the_same_rows(straight,
     assert len(pids) == 2, "rank 1 ran in a second process after the kill (the group was restarted)"
     assert summary["steps"] == STEPS
     assert_same_training(rows_seen(straight), rows_seen(tmp_path))
+    steps = [rec["step"] for rec in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == STEPS, "each step once in the curve, after the restart too"
 
 
 def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(interrupted, run_config, tmp_path):

@@ -123,3 +123,9 @@ def test_tls_files_are_checked_and_the_bad_one_named(tmp_path):
         check_tls_files(b"garbage", key, "c.pem", "k.pem")
     with pytest.raises(ValueError, match="--tls-key k.pem is not a PEM private key"):
         check_tls_files(cert, cert, "c.pem", "k.pem")
+    from cryptography.hazmat.primitives import serialization
+
+    encrypted = serialization.load_pem_private_key(key, None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw"))
+    with pytest.raises(ValueError, match="--tls-key k.pem is encrypted"):  # never a passphrase prompt
+        check_tls_files(cert, encrypted, "c.pem", "k.pem")

@@ -332,6 +332,42 @@ def test_columnar_rows_are_validated_too(tmp_path, kind):
     assert records[1].messages[0] == {"role": "user", "content": ""}  # empty content is allowed
 
 
+def corrupt_second_row_group(path) -> None:
+    """Garbage in the middle of row group 1's column chunk (the footer stays readable)."""
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    with open(path, "r+b") as f:
+        f.seek(chunk.data_page_offset + chunk.total_compressed_size // 2)
+        f.write(b"\xff" * 64)
+
+
+def test_a_corrupt_row_group_costs_its_own_rows_only(tmp_path):
+    from packfeed.service.config import DataConfig
+    from packfeed.service.plan import build_plan
+
+    path = tmp_path / "x.parquet"
+    texts = [f"row {i} " + "abcdefghij" * 20 for i in range(200)]
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=100, compression="none", use_dictionary=False)
+    corrupt_second_row_group(path)
+    with pytest.raises(Exception, match="BYTE_ARRAY"):
+        pq.ParquetFile(path).read_row_group(1)  # the corruption is real
+    config = DataConfig.from_inputs([str(path)], tokenizer="-", seq_len=2, window_samples=100, block_samples=50)
+    plan = build_plan(config)
+    for k in range(plan.num_windows):  # each window: one block of each row group, read in one call first
+        raw = read_window(plan.window(k))
+        assert sorted(map(int, raw.sample_ids)) == [i for i in plan.window(k).sample_ids() if i < 100]
+        assert raw.records == [texts[int(i)] for i in raw.sample_ids]
+        assert sorted(s.sample_id for s in raw.skips) == [i for i in plan.window(k).sample_ids() if i >= 100]
+        assert {s.reason for s in raw.skips} == {"unreadable"}
+
+
+def test_a_columnar_file_gone_after_planning_is_an_error_not_bad_data(tmp_path):
+    path = write_columnar(tmp_path / "x.parquet", [{"text": "a"}, {"text": "b"}], "parquet")
+    (spec,) = plan_windows([path], window_samples=10)
+    os.remove(path)  # a node without the shared volume, a deleted file: not rows to skip
+    with pytest.raises(FileNotFoundError):
+        read_window(spec)
+
+
 def test_missing_column_skips_every_row(tmp_path):
     path = write_columnar(tmp_path / "x.parquet", [{"body": "a"}, {"body": "b"}], "parquet")
     ids, _, skips = read_all([path], format="text")
