@@ -262,8 +262,8 @@ class PackedStream:
             self.close()
             raise StreamError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"no batch from {self.target} in {self.progress_timeout_s:.0f}s: the server's packing makes no progress "
-                "(see its log; raise progress_timeout_s for very slow first windows)",
+                f"no batch from {self.target} in {self.progress_timeout_s:.0f}s: the server is down and not back yet, "
+                "or its packing makes no progress (see its log; raise progress_timeout_s for very slow first windows)",
             ) from None
         if item is _END:
             self._done = True

@@ -198,7 +198,7 @@ class FastEncoder:
         self.added = dict(added or {})
         by_length = sorted(self.added, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")").split if by_length else None
-        self.texts_by_reference = 0  # texts the fast path handed to HF (counted, reported)
+        self.texts_by_reference = 0  # texts the fast path handed to HF for their edges (a count for tests and debugging)
 
     def encode(self, texts: Sequence[str], *, special: bool, edges: bool) -> Encoded:
         texts = texts if isinstance(texts, list) else list(texts)

@@ -99,7 +99,7 @@ class MetricsServer:
     def __init__(self, host: str, port: int, collector: ServeCollector) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector)
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self._server, _ = start_http_server(port, addr=host, registry=registry)  # (server, its daemon thread)
         self.port = self._server.server_port
 
     def stop(self) -> None:

@@ -31,7 +31,8 @@ import signal
 import socket
 import time
 
-TOKEN_ENV = "PACKFEED_AUTH_TOKEN"
+from packfeed.client.transport import TOKEN_ENV
+
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
 
 

@@ -61,7 +61,6 @@ class PackFeedService:
 
     def __init__(self, hub: RowHub, meta: StreamSource, *, max_batch_rows: int, max_consumers: int = 64) -> None:
         self.hub, self.meta, self.max_batch_rows, self.max_consumers = hub, meta, max_batch_rows, max_consumers
-        self.draining = False
         self._lock = threading.Lock()
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
@@ -329,7 +328,6 @@ def check_tls_files(cert: bytes, key: bytes, cert_path: str, key_path: str) -> N
 def drain(server: grpc.Server, service: PackFeedService, health_servicer: health.HealthServicer, grace_s: float) -> None:
     """Graceful stop: report NOT_SERVING, end every stream after its current batch with
     UNAVAILABLE, refuse new calls, and wait up to ``grace_s`` for in-flight ones."""
-    service.draining = True
     health_servicer.enter_graceful_shutdown()
     service.hub.drain()
     server.stop(grace_s).wait()

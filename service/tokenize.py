@@ -106,8 +106,8 @@ class SampleTokenizer:
 
     ``backend`` picks the encoder (encoders.py): ``hf`` the tokenizer's own Rust backend;
     ``fast`` quicktok, refused with ``FastPathRefused`` (a ValueError) when it cannot prove
-    that it reproduces this tokenizer; ``auto`` quicktok when proven, else HF with one log line
-    saying why. The proof (tokenizer_backend.py) runs on the first window that holds samples:
+    that it reproduces this tokenizer; ``auto`` quicktok when proven, else HF (the reason goes
+    into the window stats; the driver says it once per run). The proof (tokenizer_backend.py) runs on the first window that holds samples:
     shape, import and stress checks (~1.7 s for a 150k vocabulary, done at construction for
     ``fast`` so that a refusal comes before any data is read), then that window's first
     samples tokenized with both back-ends must give identical tokens, labels and skips.
@@ -500,9 +500,7 @@ def _has_trained_token_after_first(lengths: np.ndarray, trained: np.ndarray) -> 
 def load_tokenizer(name_or_path: str, **kwargs: Any) -> SampleTokenizer:
     """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
     mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
-    directory, a corrupt tokenizer.json, a Hub id that is not cached (runs are offline)."""
-    import os
-
+    directory, a corrupt tokenizer.json, a Hub id that cannot be loaded (not cached, no network)."""
     looks_local = os.sep in name_or_path or name_or_path.startswith(".") or os.path.exists(name_or_path)
     if looks_local and not os.path.isdir(name_or_path):
         what = "is a file" if os.path.exists(name_or_path) else "does not exist"

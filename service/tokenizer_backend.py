@@ -20,7 +20,8 @@ user can read:
 ``tokenize.SampleTokenizer`` then runs step 4 on its first window (a sample of the real
 inputs through the whole tokenization, masks included, with both back-ends) before it trusts
 the fast one. Under ``auto`` any refusal (or any error while loading quicktok) falls back to HF
-with one log line; under ``fast`` it raises ``FastPathRefused``. The whole proof costs ~3 s per
+(the actor notes why at DEBUG; the driver says each distinct choice once per run, from the
+window stats: ``log_choices``); under ``fast`` it raises ``FastPathRefused``. The whole proof costs ~3 s per
 packing actor on this machine, once.
 """
 
@@ -38,13 +39,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .config import TOKENIZER_BACKENDS
 from .encoders import FastEncoder, HFEncoder
 from .records import Conversation, PromptCompletion
 from .sources import RawWindow
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "hf", "fast")
+BACKENDS = TOKENIZER_BACKENDS  # one list of choices, the config's
 VERIFY_CHARS = 1 << 18  # characters of real samples tokenized twice in step 4 (~0.1-0.3 s)
 
 # Texts that probe what a byte-level BPE can get wrong: pre-tokenizer classes (contractions,

@@ -4,9 +4,9 @@
 every item whole, or None when the search ran out of nodes (then the optimum is unknown).
 Not product code: exponential in the worst case, meant for <= ~60 items.
 
-Method: the lower bound (Martello-Toth, ``bounds.py``) and the best of bfd and exactfit
-bracket the optimum; for m = bound, bound + 1, ... below that upper bound, a depth-first
-search asks "do the items fit in m rows?". It places items longest first; an item tries
+Method: one below the lower bound (Martello-Toth, ``bounds.py``; at least ceil(sum / L)) and
+plain bfd's rows bracket the optimum; for m = start, start + 1, ... below bfd's rows, a
+depth-first search asks "do the items fit in m rows?". It places items longest first; an item tries
 each row it fits in, but only one row of each fill level (rows with equal fill are
 interchangeable), and a branch is cut when the free space that the remaining items could
 still use (rows with room for at least the shortest of them) is less than their total.
@@ -30,10 +30,13 @@ def optimal_rows(lengths, seq_len: int, max_nodes: int = 200_000) -> int | None:
         return 0
     if items[0] > seq_len:
         raise ValueError("every item must fit in a row")
-    low = lower_bound(items, seq_len)
-    high = min(pack(items, seq_len, strategy=s).num_rows for s in ("bfd", "exactfit"))
+    # Independent of what it judges: the search starts one below the product's bound (so a
+    # bound that overestimates shows as an optimum below it) and stops at plain bfd's rows (so
+    # exactfit's rows are checked against it, not part of it).
+    start = max(-(-sum(items) // seq_len), lower_bound(items, seq_len) - 1)
+    high = pack(items, seq_len, strategy="bfd").num_rows
     budget = [max_nodes]
-    for m in range(low, high):
+    for m in range(start, high):
         found = _fits(items, seq_len, m, budget)
         if found is None:
             return None

@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     net.add_argument("--idle-timeout-seconds", type=float, default=120.0,
                      help="a consumer that asks for nothing this long stops holding the reader back")
     net.add_argument("--state-dir", type=Path, default=None,
-                     help="where the stream manifest is kept across restarts (default ~/.cache/packfeed/serve)")
+                     help="where the stream manifest is kept across restarts (default $XDG_CACHE_HOME/packfeed/serve, "
+                          "else ~/.cache/packfeed/serve)")
     net.add_argument("--grace-seconds", type=float, default=10.0, help="how long SIGTERM waits for in-flight batches")
     net.add_argument("--progress-seconds", type=float, default=30.0, help="seconds between serving status lines")
     net.add_argument("--exit-on-failure", action="store_true",

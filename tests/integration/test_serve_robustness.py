@@ -193,11 +193,15 @@ def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
-    args = demo_args(window_samples=500, extra=("--buffer-rows", "128", "--max-consumers", "1",
+    args = demo_args(window_samples=500, extra=("--buffer-rows", "128", "--max-consumers", "2",
                                                 "--idle-timeout-seconds", "3"))
     with ServerProcess(args, log=tmp_path / "serve.log", state_dir=tmp_path / "state", env=ENV) as server:
         idle = PackedStream(server.target, batch_rows=4, prefetch=1)
-        first = next(iter(idle))  # one stream open, then it never reads again
+        idle_batches = iter(idle)
+        first = next(idle_batches)  # open, then it reads nothing for a while
+        idle_since = time.monotonic()
+        other = PackedStream(server.target, batch_rows=4, prefetch=1)
+        next(iter(other))  # the second stream allowed
         channel = grpc.insecure_channel(server.target)
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
                                                            timeout=10)
@@ -210,16 +214,19 @@ def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
                 packfeed_pb2.StreamRequest(world_size=1, batch_rows=4).SerializeToString(), timeout=30)
             next(iter(call))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-consumers" in err.value.details()
-        idle.close()
+        other.close()
         channel.close()
-        # The idle stream pins the first rows of a 128-row buffer; a consumer 600 rows ahead
-        # gets its rows once the idle timeout has passed (the idle one no longer holds the
-        # reader back); without it, this read would stall and fail on its progress deadline.
-        time.sleep(4)
+        # The idle stream, still open, pins the first rows of a 128-row buffer: a consumer 600
+        # rows ahead gets nothing until the idle timeout lets the reader move on, then gets its
+        # rows (without the timeout it would stall until its progress deadline).
         state = {"version": 1, "cursor": 600, "step": 0, "config_hash": None, "seq_len": None}
         with PackedStream(server.target, batch_rows=4, state=state, progress_timeout_s=90) as late:
             got = [int(b.row_index[0]) for _, b in zip(range(3), late)]
+            waited = time.monotonic() - idle_since
         assert got == [600, 604, 608] and first.row_index[0] == 0
+        assert waited >= 3 - 0.5, f"rows 600.. came {waited:.1f}s after the idle stream's read: it held nothing back"
+        assert int(next(idle_batches).row_index[0]) == 4, "the idle stream, back, gets its next rows"
+        idle.close()
 
 
 # -- start-up refusals -------------------------------------------------------------------------------

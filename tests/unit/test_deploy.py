@@ -299,7 +299,7 @@ def test_job_configs_load_and_place_with_packfeeds_own_checks(item, tmp_path):
 @pytest.mark.parametrize("old, new, expected", [
     pytest.param("packing_workers = 6", "packing_worker = 6", "unknown [scaling] keys", id="scaling-key-typo"),
     pytest.param("epochs = 2", "epoch = 2", "unknown data config keys", id="data-key-typo"),
-    pytest.param("max_steps = 200", "max_step = 200", "unknown [train] keys", id="train-key-typo"),
+    pytest.param("max_steps = 30", "max_step = 30", "unknown [train] keys", id="train-key-typo"),
     pytest.param("num_workers = 2", "num_workers = 3", "train workers: 3 x", id="more-workers-than-gpus"),
     pytest.param("packing_workers = 6", "packing_workers = 9", "packing actors: 9 x", id="pool-too-big-at-start"),
     pytest.param("packing_max_workers = 30", "packing_max_workers = 40", "packing_max_workers: 40 x",
