@@ -32,7 +32,7 @@ DEFAULT_BLOCK_SAMPLES = 256
 TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenizer_backend.py
 # Fields that change how a run behaves or how rows are computed, not the rows themselves
 # (the tokenizer back-ends give identical rows): left out of config_hash().
-UNHASHED = ("max_skip_fraction", "tokenizer_backend")
+UNHASHED = ("max_skip_fraction", "tokenizer_backend", "strict")  # strict: a run fails instead of skipping; rows equal
 
 
 @dataclass(frozen=True, kw_only=True)

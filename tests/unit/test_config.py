@@ -74,6 +74,7 @@ def test_the_hash_covers_sources_shares_and_epochs_but_not_run_policy():
     assert from_data(sources=[{"name": "a", "paths": ["a.jsonl"], "repeat": 2.0}]).config_hash() != h
     assert from_data(sources=[{"name": "b", "paths": ["a.jsonl"], "repeat": 1.0}]).config_hash() != h
     assert from_data(**base, max_skip_fraction=0.1).config_hash() == h  # fails runs, never changes rows
+    assert from_data(**base, strict=True).config_hash() == h  # a run that succeeds under strict skipped nothing
 
 
 @pytest.mark.parametrize("sources, extra, message", [
