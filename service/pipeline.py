@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -143,8 +142,6 @@ class PackingPipeline:
         self.windows = list(range(start_window, plan.num_windows))
         self.stats = stats if stats is not None else new_run_stats(plan)
         self.samples_started = 0  # samples of the windows whose rows have started to arrive
-        self.first_output_seconds: float | None = None
-        self._created = time.perf_counter()
 
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True
@@ -153,9 +150,10 @@ class PackingPipeline:
         # A bad sample under --strict must reach the user as itself (file, row, reason).
         ctx.raise_original_map_exception = True
         self.num_workers = resolve_workers(scaling, len(self.windows))
+        max_workers = min(scaling.max_workers or 0, len(self.windows))  # never more actors than windows left
         compute = (
-            ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=scaling.max_workers)
-            if scaling.max_workers and scaling.max_workers > self.num_workers
+            ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=max_workers)
+            if max_workers > self.num_workers
             else ray.data.ActorPoolStrategy(size=self.num_workers)
         )
         remote_args = {"resources": dict(scaling.resources)} if scaling.resources else {}
@@ -185,8 +183,6 @@ class PackingPipeline:
         if not self.windows:
             return
         for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            if self.first_output_seconds is None:
-                self.first_output_seconds = time.perf_counter() - self._created
             for out in table_outputs(table, first_row=next_index):
                 if out.stats is not None:
                     said = len(self.stats.tokenizer_checks)

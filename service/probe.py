@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from packfeed.service.plan import StreamPlan, file_pieces
-from packfeed.service.records import RECORD_PARSERS, record_format
+from packfeed.service.records import record_format
 from packfeed.service.sources import WindowSpec, read_window
 
 
@@ -52,11 +52,11 @@ def probe(plan: StreamPlan, *, rows_per_file: int = 20, max_files: int = 32) -> 
             reports.append(report)
         out[s.name] = reports
         if not any(r.formats for r in reports):
-            raise ValueError(_bad_source_message(s, reports, plan))
+            raise ValueError(_bad_source_message(s, reports))
     return out
 
 
-def _bad_source_message(s, reports: list[FileProbe], plan: StreamPlan) -> str:
+def _bad_source_message(s, reports: list[FileProbe]) -> str:
     reasons = Counter()
     for r in reports:
         reasons.update(r.skipped)
@@ -89,7 +89,7 @@ def _auto_formats(s, reports: list[FileProbe]) -> set[str]:
         pieces = file_pieces(auto, start, start + report.probed)
         raw = read_window(WindowSpec(index=-1, epoch=0, pieces=tuple(pieces)))
         found.update(record_format(r) for r in raw.records)
-    return found if "auto" in RECORD_PARSERS else set()
+    return found
 
 
 def describe(reports: dict[str, list[FileProbe]], plan: StreamPlan, *, max_lines: int = 12) -> list[str]:

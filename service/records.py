@@ -10,7 +10,8 @@ each message {"role": system|user|assistant|tool, "content": str | [{"type": "te
 "text": str}, ...]}). An optional ``tools`` field (list, or JSON string) is kept for the chat
 template. The format is given per source, or ``auto``: detected for every row from its own
 fields (a null field counts as absent), so one file may mix formats: "messages" -> messages;
-"prompt" or "completion" -> prompt_completion; "text" -> text; none of them -> missing_field.
+"prompt" and "completion" -> prompt_completion; "text" -> text (also beside only one half of a
+pair); only one half and no "text" -> missing_field naming the other half; none -> missing_field.
 
 Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``text`` and
 ``completion`` strings must hold a non-whitespace character; a ``prompt`` string may be empty;

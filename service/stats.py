@@ -236,9 +236,9 @@ def format_summary(stats: dict[str, Any]) -> str:
         ("rows (bound)", f"{stats['rows']:,} ({stats['bound_rows']:,})"),
         ("tokens (trained)", f"{stats['tokens']:,} ({stats['trained_tokens']:,})"),
         ("efficiency", f"{100 * stats['efficiency']:.2f}%"),
-        ("seconds", f"{stats['seconds']:.2f}"),
-        ("tokens/s", f"{stats['tokens_per_second']:,.0f}"),
     ]
+    if "seconds" in stats:  # a stream's report has no meaningful time
+        lines += [("seconds", f"{stats['seconds']:.2f}"), ("tokens/s", f"{stats['tokens_per_second']:,.0f}")]
     windows = stats.get("tokenizer_backend", {}).get("windows")
     if windows:
         lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))

@@ -163,11 +163,14 @@ def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
 
 
 def report_end_of_stream(stats: RunStats, seq_len: int) -> None:
-    """The packing report at the end of the stream: totals, sources, skips (why, which)."""
+    """The packing report at the end of the stream: totals, sources, skips (why, which); no
+    time or rate (windows were packed by several readers, at the consumers' pace)."""
     from packfeed.service.stats import format_summary
 
+    summary = {k: v for k, v in stats.to_dict(seq_len=seq_len, seconds=0.0).items()
+               if k not in ("seconds", "tokens_per_second")}
     logger.info("end of stream reached (%d windows packed by this process):\n%s", stats.windows,
-                format_summary(stats.to_dict(seq_len=seq_len, seconds=0.0)))
+                format_summary(summary))
     for name in stats.empty_sources():
         logger.warning("source %r delivered no sample: every row read was bad", name)
 

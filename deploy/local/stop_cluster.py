@@ -3,15 +3,18 @@
 Usage: python stop_cluster.py TEMP_DIR [PORT ...]
 
 A process belongs to the cluster when its command line names TEMP_DIR (gcs_server, raylet,
-dashboard, monitors), when it holds a file open under TEMP_DIR (the Ray client server and the
-agents write their logs there but do not name it), or when it descends from one of those (the
-dashboard's module processes, the raylet's workers). Each gets SIGTERM, then SIGKILL after a
+dashboard, monitors), when it is one of Ray's own processes holding a file open under TEMP_DIR
+(the Ray client server and the agents write their logs there but do not name it; a driver that
+joined the cluster logs there too, and is left alone), or when it descends from one of those
+(the dashboard's module processes, the raylet's workers). Each gets SIGTERM, then SIGKILL after a
 grace period. Then the PORTs given (the cluster's GCS, dashboard, agent and client ports) are
 checked free; the exit status is 1 if a process survived or a port is still taken.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 import psutil
@@ -19,13 +22,21 @@ import psutil
 
 def cluster_processes(temp_dir: str) -> list[psutil.Process]:
     me = psutil.Process().pid
+    root = os.path.abspath(temp_dir).rstrip(os.sep)
+
+    def under(path: str) -> bool:  # /tmp/x/tmp2 is not under /tmp/x/tmp
+        return path == root or path.startswith(root + os.sep)
+
+    names = re.compile(re.escape(root) + r"(?=$|/|[\s'\",;:])").search  # the dir named inside an argument
+
     roots: dict[int, psutil.Process] = {}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
         if proc.pid == me:
             continue
         try:
-            if any(temp_dir in arg for arg in proc.info.get("cmdline") or []) or any(
-                f.path.startswith(temp_dir) for f in proc.open_files()
+            cmdline = proc.info.get("cmdline") or []
+            if any(names(arg) for arg in cmdline) or (
+                _is_ray_process(proc.info.get("name") or "", cmdline) and any(under(f.path) for f in proc.open_files())
             ):
                 roots[proc.pid] = proc
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -38,6 +49,13 @@ def cluster_processes(temp_dir: str) -> list[psutil.Process]:
             continue
     found.pop(me, None)
     return list(found.values())
+
+
+def _is_ray_process(name: str, cmdline: list[str]) -> bool:
+    """Ray's own processes: workers (``ray::...``), its binaries and its Python modules."""
+    if name.startswith("ray::") or name in ("raylet", "gcs_server"):
+        return True
+    return any("/ray/" in arg or arg.startswith("ray.") for arg in cmdline[:3])
 
 
 def stop(temp_dir: str, grace_seconds: float = 10.0) -> tuple[int, list[psutil.Process]]:
