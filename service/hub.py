@@ -175,6 +175,7 @@ class Manifest:
                 f.write(("\n" if self._torn else "") + json.dumps(entry) + "\n")
             self._torn = False
         except OSError as e:  # tried again at the next window; said once
+            self._torn = True  # a write cut short may have left half a line
             if not self._write_failed:
                 logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
                                "restart will pack from the last window it knows", self.path, e)

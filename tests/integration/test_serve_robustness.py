@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import SERVICE_NAME
 from packfeed.client.v1 import packfeed_pb2
+from packfeed.client.wire import decode_batch_bytes
 from serve_support import CORPUS, REPO, TOKENIZER, ServerProcess, demo_args
 
 pytestmark = pytest.mark.integration
@@ -196,9 +197,14 @@ def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
     args = demo_args(window_samples=500, extra=("--buffer-rows", "128", "--max-consumers", "2",
                                                 "--idle-timeout-seconds", "3"))
     with ServerProcess(args, log=tmp_path / "serve.log", state_dir=tmp_path / "state", env=ENV) as server:
-        idle = PackedStream(server.target, batch_rows=4, prefetch=1)
-        idle_batches = iter(idle)
-        first = next(idle_batches)  # open, then it reads nothing for a while
+        # A stream that reads one batch and then nothing. Its channel keeps HTTP/2 flow control
+        # small (no window growth), so the server can push it only a few batches ahead: its
+        # consumer stays near row 0 and pins the buffer, as a stuck trainer would.
+        idle_channel = grpc.insecure_channel(server.target, options=[("grpc.http2.bdp_probe", 0),
+                                                                     ("grpc.http2.lookahead_bytes", 65536)])
+        request = packfeed_pb2.StreamRequest(world_size=1, batch_rows=4).SerializeToString()
+        idle = idle_channel.unary_stream(f"/{SERVICE_NAME}/StreamBatches")(request, timeout=120)
+        assert decode_batch_bytes(next(idle)).rows.row_index[0] == 0
         idle_since = time.monotonic()
         other = PackedStream(server.target, batch_rows=4, prefetch=1)
         next(iter(other))  # the second stream allowed
@@ -210,9 +216,7 @@ def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
                                        response_deserializer=packfeed_pb2.StreamInfo.FromString)
         assert describe(b"", timeout=10).seq_len == 512, "Describe is not limited either"
         with pytest.raises(grpc.RpcError) as err:
-            call = channel.unary_stream(f"/{SERVICE_NAME}/StreamBatches")(
-                packfeed_pb2.StreamRequest(world_size=1, batch_rows=4).SerializeToString(), timeout=30)
-            next(iter(call))
+            next(iter(channel.unary_stream(f"/{SERVICE_NAME}/StreamBatches")(request, timeout=30)))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-consumers" in err.value.details()
         other.close()
         channel.close()
@@ -223,10 +227,11 @@ def test_max_consumers_limits_streams_only_and_an_idle_stream_lets_go(tmp_path):
         with PackedStream(server.target, batch_rows=4, state=state, progress_timeout_s=90) as late:
             got = [int(b.row_index[0]) for _, b in zip(range(3), late)]
             waited = time.monotonic() - idle_since
-        assert got == [600, 604, 608] and first.row_index[0] == 0
+        assert got == [600, 604, 608]
         assert waited >= 3 - 0.5, f"rows 600.. came {waited:.1f}s after the idle stream's read: it held nothing back"
-        assert int(next(idle_batches).row_index[0]) == 4, "the idle stream, back, gets its next rows"
-        idle.close()
+        assert decode_batch_bytes(next(idle)).rows.row_index[0] == 4, "the idle stream, back, goes on"
+        idle.cancel()
+        idle_channel.close()
 
 
 # -- start-up refusals -------------------------------------------------------------------------------
