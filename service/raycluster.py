@@ -47,7 +47,10 @@ def _raise_terminated(signum, frame) -> None:
 def shutdown_ray(timeout: float = 60.0) -> None:
     """Shut this process's Ray down in order: Ray Data's executor threads finish first (they
     were told to stop when their iterator closed, and Ray Data waits for them only 2 s), its
-    prefetchers stop (they stop when collected), then ``ray.shutdown()``. No-op without Ray."""
+    block prefetchers are stopped and joined (a reader stopped mid-stream leaves its prefetcher
+    parked until the iterator is collected, and one woken after the shutdown calls ``ray.wait``
+    on a dead core worker: the process aborts with exit 1), then ``ray.shutdown()``. No-op
+    without Ray."""
     import gc
     import sys
     import threading
@@ -60,6 +63,11 @@ def shutdown_ray(timeout: float = 60.0) -> None:
         if thread.name.startswith("StreamingExecutor") and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
     gc.collect()
+    for thread in threading.enumerate():
+        prefetcher = getattr(getattr(thread, "_target", None), "__self__", None)  # Ray Data's WaitBlockPrefetcher
+        if thread.name == "Prefetcher" and callable(getattr(prefetcher, "stop", None)):
+            prefetcher.stop()
+            thread.join(max(0.0, deadline - time.monotonic()))
     ray.shutdown()
 
 

@@ -305,3 +305,32 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
         out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
                              timeout=180, cwd=tmp_path)  # fmt: skip
         assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
+
+
+def test_no_ray_data_thread_outlives_ray():
+    """A reader stopped mid-stream (serve's on SIGTERM) leaves Ray Data's block prefetcher thread
+    parked; woken after ``ray.shutdown()`` it calls ``ray.wait`` on a dead core worker and the
+    process aborts with exit 1 after a clean drain. ``shutdown_ray`` stops it first."""
+    script = (
+        "import threading\n"
+        "from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path\n"
+        "from packfeed.service.config import DataConfig\n"
+        "from packfeed.service.pipeline import PackingPipeline, Scaling\n"
+        "from packfeed.service.plan import build_plan\n"
+        "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
+        "init_ray('local')\n"
+        "config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,\n"
+        "                                window_samples=1024)\n"
+        "rows = PackingPipeline(config, build_plan(config), scaling=Scaling(num_workers=1)).iter_rows()\n"
+        "next(rows)\n"
+        "rows.close()  # stopped mid-stream\n"
+        "print('before', sorted(t.name for t in threading.enumerate()))\n"
+        "shutdown_ray()\n"
+        "print('after', sorted(t.name for t in threading.enumerate() if t.is_alive()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    before = re.search(r"^before (.*)$", out.stdout, re.M).group(1)
+    after = re.search(r"^after (.*)$", out.stdout, re.M).group(1)
+    assert "'Prefetcher'" in before, "the case did not arise: nothing to stop"  # guards the test itself
+    assert after == "['MainThread']", after
