@@ -47,10 +47,12 @@ def _raise_terminated(signum, frame) -> None:
 def shutdown_ray(timeout: float = 60.0) -> None:
     """Shut this process's Ray down in order: Ray Data's executor threads finish first (they
     were told to stop when their iterator closed, and Ray Data waits for them only 2 s), its
-    block prefetchers are stopped and joined (a reader stopped mid-stream leaves its prefetcher
-    parked until the iterator is collected, and one woken after the shutdown calls ``ray.wait``
-    on a dead core worker: the process aborts with exit 1), then ``ray.shutdown()``. No-op
-    without Ray."""
+    iterator threads end (``iter_threaded``: told to stop when their iterator is collected, they
+    drop the block references they hold on their way out), its block prefetchers are stopped and
+    joined (a reader stopped mid-stream leaves its prefetcher parked), then ``ray.shutdown()``.
+    A Ray Data thread that touches Ray after the shutdown (a ``ray.wait``, an ObjectRef freed)
+    aborts the process with exit 1 ("The core worker has already been shutdown"), after a clean
+    drain. No-op without Ray."""
     import gc
     import sys
     import threading
@@ -62,12 +64,16 @@ def shutdown_ray(timeout: float = 60.0) -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("StreamingExecutor") and thread is not threading.current_thread():
             thread.join(max(0.0, deadline - time.monotonic()))
-    gc.collect()
+    gc.collect()  # a closed reader's iterators are collected here: their threads are told to stop
+    iterators_deadline = min(deadline, time.monotonic() + 10.0)  # they poll every 0.1 s
     for thread in threading.enumerate():
+        if thread.name == "iter_threaded":
+            thread.join(max(0.0, iterators_deadline - time.monotonic()))
         prefetcher = getattr(getattr(thread, "_target", None), "__self__", None)  # Ray Data's WaitBlockPrefetcher
         if thread.name == "Prefetcher" and callable(getattr(prefetcher, "stop", None)):
             prefetcher.stop()
             thread.join(max(0.0, deadline - time.monotonic()))
+    gc.collect()  # what those threads dropped
     ray.shutdown()
 
 
