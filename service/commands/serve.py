@@ -272,9 +272,18 @@ def _pipeline_source(args: argparse.Namespace):
 
 
 def _status_loop(stop: threading.Event, hub, service, every: float) -> None:
-    """Wait for a stop signal, logging the serving status every ``every`` seconds."""
+    """Wait for a stop signal, logging the serving status every ``every`` seconds.
+
+    The wait is cut in short slices: a SIGTERM the kernel delivers to another thread (Ray and
+    gRPC run many) does not wake the main thread's wait, and Python runs the handler only once
+    the main thread wakes: a 30 s wait once delayed a drain by 30 s."""
     last_rows, last_t = 0, time.monotonic()
-    while not stop.wait(every):
+    while True:
+        due = time.monotonic() + every
+        while not stop.is_set() and time.monotonic() < due:
+            stop.wait(min(0.2, max(0.0, due - time.monotonic())))
+        if stop.is_set():
+            return
         snap = hub.snapshot()
         now = time.monotonic()
         rate = (snap["rows_served"] - last_rows) / max(now - last_t, 1e-9)
