@@ -54,8 +54,6 @@ def shutdown_ray(timeout: float = 60.0) -> None:
     aborts the process with exit 1 ("The core worker has already been shutdown"), after a clean
     drain. No-op without Ray."""
     import gc
-    import sys
-    import threading
 
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
