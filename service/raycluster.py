@@ -29,6 +29,8 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 
 from packfeed.client.transport import TOKEN_ENV
@@ -79,8 +81,6 @@ def prepare_ray_env() -> None:
     """Environment for Ray; call before Ray is imported (the CLI does, first thing). Once Ray is
     imported its auth mode is fixed: setting it then would start an embedded Ray whose GCS
     wants a token this driver does not send, so it is left to Ray's default."""
-    import sys
-
     if "ray" not in sys.modules:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -147,8 +147,6 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
 def _own_sigterm(previous) -> None:
     """Replace ray.init's SIGTERM handler (sys.exit, teardown in atexit): with the handler the
     process had installed before (``serve`` drains on it), else with ours (``Terminated``)."""
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous if callable(previous) else _raise_terminated)
 
