@@ -57,13 +57,15 @@ def run(args: argparse.Namespace) -> int:
                                backend=config.tokenizer_backend)
     for line in describe(probe(plan), plan):
         logger.info(line)
-    # every check passed: only now may --overwrite remove the previous output
-    writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
-                              overwrite=args.overwrite, inputs=inputs)
-    return _pack(args, config, plan, packing, writer, tokenizer)
+
+    def open_writer() -> ParquetRowWriter:
+        return ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
+                                overwrite=args.overwrite, inputs=inputs)
+
+    return _pack(args, config, plan, packing, open_writer, tokenizer)
 
 
-def _pack(args, config, plan, packing, writer, tokenizer) -> int:
+def _pack(args, config, plan, packing, open_writer, tokenizer) -> int:
     from packfeed.client.rows import check_rows
     from packfeed.service.pipeline import PackingPipeline
     from packfeed.service.progress import Progress
@@ -75,6 +77,9 @@ def _pack(args, config, plan, packing, writer, tokenizer) -> int:
     ray_init_seconds = time.perf_counter() - start
     scaling = place_packing(packing, num_windows=plan.num_windows)
     pipeline = PackingPipeline(config, plan, scaling=scaling)
+    # every check passed (inputs, tokenizer, probe, Ray, placement): only now may --overwrite
+    # remove the previous output
+    writer = open_writer()
     if pipeline.num_workers > len(pipeline.windows):
         logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)
     logger.info("packing %s samples (%d epoch(s)) in %d windows of %s on %d workers -> %s",

@@ -141,8 +141,8 @@ def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
 
 
 def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, good, tmp_path):
-    """``--overwrite`` removed the previous rows before the tokenizer and the inputs were checked:
-    a typo cost a good dataset."""
+    """``--overwrite`` removed the previous rows before the tokenizer, the inputs and Ray's address
+    were checked: a typo cost a good dataset."""
     from packfeed.service.writer import ParquetRowWriter
 
     out = tmp_path / "o"
@@ -154,6 +154,9 @@ def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, go
     code, err = run(capsys, "pack", good, "--format", "messages", "--tokenizer", TOK, "--seq-len", "64",
                     "--output", str(out), "--overwrite")  # the probe refuses the source
     assert code == 2 and "none of the first" in one_line_error(err)
+    code, err = run(capsys, "pack", good, "--tokenizer", TOK, "--seq-len", "64", "--output", str(out),
+                    "--overwrite", "--address", "typo")  # Ray is reached after the inputs are checked
+    assert code == 2 and "is not host:port" in one_line_error(err)
     assert {p.name: p.read_bytes() for p in (out / ".packfeed").iterdir()} == before
     assert set(before) == {"files.json", "config.json", "stats.json"}
 
