@@ -33,6 +33,7 @@ once, with only the columns a sample format uses.
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import logging
@@ -213,7 +214,7 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
         if os.path.isfile(path):
             return [(path, _kind_of(path))]
         if glob.has_magic(path):
-            matches = sorted(glob.glob(path, recursive=True))
+            matches = sorted(_recursive_glob(path) if "**" in path else glob.glob(path))
             if not matches:
                 raise ValueError(f"input {path!r}: the glob matches no file")
             found: list[tuple[str, str]] = []
@@ -235,9 +236,65 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
     raise ValueError(f"input {path!r} does not exist")
 
 
+def _recursive_glob(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)`` that walks each real directory once.
+
+    The standard glob follows directory symlinks until the OS refuses (ELOOP, ~40 levels): one
+    loop lists a file ~40 times, two loops ~2**40 paths (a hang). This walk goes breadth first,
+    so each directory is reached by its shortest path, and skips a directory whose real path it
+    has already walked. Matching follows glob's rules: ``**`` spans zero or more directories, and
+    a name starting with "." matches only a pattern part that starts with "."."""
+    parts = pattern.split(os.sep)
+    first_magic = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = os.sep.join(parts[:first_magic]) or (os.sep if pattern.startswith(os.sep) else "")
+    rest = parts[first_magic:]
+    if not os.path.isdir(root or os.curdir):
+        return []
+    matches: list[str] = []
+    walked = {os.path.realpath(root or os.curdir)}
+    skipped_links: list[str] = []
+    queue = [(root, ())]  # (directory, its parts below root)
+    while queue:
+        directory, below = queue.pop(0)
+        try:
+            entries = sorted(os.scandir(directory or os.curdir), key=lambda e: e.name)
+        except OSError:
+            continue  # unreadable, as glob ignores it
+        for entry in entries:
+            parts_below = (*below, entry.name)
+            full = os.path.join(directory, entry.name)
+            if _glob_match(rest, parts_below):
+                matches.append(full)
+            if not entry.is_dir():  # follows symlinks
+                continue
+            real = os.path.realpath(full)
+            if real in walked:
+                skipped_links.append(full)
+            elif not entry.name.startswith(".") or any(p.startswith(".") for p in rest):
+                walked.add(real)
+                queue.append((full, parts_below))
+    if skipped_links:
+        logger.warning("input %r: %d directory link(s) lead back to directories already walked (a symlink loop?), "
+                       "e.g. %s; each directory is walked once", pattern, len(skipped_links), skipped_links[0])
+    return matches
+
+
+def _glob_match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
+    """Whether path ``parts`` match glob ``pattern`` parts (``**``: zero or more parts)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        if _glob_match(pattern[1:], parts):
+            return True
+        return bool(parts) and not parts[0].startswith(".") and _glob_match(pattern, parts[1:])
+    if not parts or (parts[0].startswith(".") and not pattern[0].startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(pattern[1:], parts[1:])
+
+
 def _once_each(pattern: str, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """A glob's files, each real file once under its shortest path (a ``**`` glob walks a
-    symlinked directory loop as deep as the OS lets it), in the glob's order."""
+    """A glob's files, each real file once under its shortest path (links to one file, or to
+    one directory under two names), in the glob's order."""
     best: dict[str, int] = {}  # real path -> index in found of its shortest path
     for i, (file, _) in enumerate(found):
         real = os.path.realpath(file)

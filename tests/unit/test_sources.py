@@ -3,9 +3,12 @@ with its global sample id (0-based position over the inputs in order, bad rows c
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
+import random
+import threading
 from collections import Counter
 
 import pyarrow as pa
@@ -172,9 +175,47 @@ def test_a_recursive_glob_through_a_symlinked_directory_loop_reads_each_file_onc
     with caplog.at_level("WARNING", logger=sources.logger.name):
         files = sources.expand_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
     assert [os.path.relpath(f, data) for f, _ in files] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
-    assert "symlink loop" in caplog.text and "each file is read once" in caplog.text
-    assert "2 file(s)" in caplog.text  # the glob's own warning, then the file given twice
+    assert "symlink loop" in caplog.text and "each directory is walked once" in caplog.text  # the glob's
+    assert "each file is read once" in caplog.text  # the file given twice
     assert sorted(read_all([pattern])[1]) == ["d0", "d1", "t0"]
+
+
+def test_a_recursive_glob_through_two_symlink_loops_ends_and_reads_each_file_once(tmp_path, caplog):
+    """Two loops made glob walk ~2**40 paths (a hang); each real directory is walked once."""
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    write_jsonl(data / "top.jsonl", [{"text": "t0"}])
+    write_jsonl(data / "sub" / "deep.jsonl", [{"text": "d0"}])
+    (data / "self").symlink_to(data)
+    (data / "sub" / "up").symlink_to(data)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(sources.expand_inputs([str(data / "**" / "*.jsonl")])),
+                              daemon=True)
+    with caplog.at_level("WARNING", logger=sources.logger.name):
+        worker.start()
+        worker.join(60)
+    assert result, "expanding the glob did not end in 60 s"
+    assert [os.path.relpath(f, data) for f, _ in result[0]] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
+    assert "each directory is walked once" in caplog.text
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_recursive_glob_lists_what_glob_lists_on_trees_without_links(tmp_path, seed, monkeypatch):
+    """Same matches as ``glob.glob(recursive=True)`` over random trees (hidden names included)."""
+    rng = random.Random(seed)
+    names = ["a", "b", ".h", "d1", "x.jsonl", "y.txt", ".z.jsonl", "b.jsonl"]
+    for _ in range(25):
+        path = tmp_path.joinpath(*rng.sample(names, rng.randint(1, 4)))
+        if not any(p.is_file() for p in [path, *path.parents]):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                path.write_text("") if rng.random() < 0.6 else path.mkdir()
+    monkeypatch.chdir(tmp_path)
+    patterns = ["**", "**/*.jsonl", "a/**", "a/**/*", "*/**/b*", "**/.h/*", "**/d1/**/*.jsonl", ".h/**",
+                "**/*/x.jsonl", "b/**/**/*.jsonl"]
+    for pattern in patterns + [str(tmp_path / p) for p in patterns]:
+        files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))  # directories are not read
+        assert sorted(m for m in sources._recursive_glob(pattern) if os.path.isfile(m)) == files, pattern
 
 
 # ---- global sample ids and windows -----------------------------------------------------------
