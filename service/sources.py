@@ -604,10 +604,35 @@ class _ColumnFields:
         self._values, self._i = values, i
 
     def __call__(self, key: str) -> Any:
-        return self._values[key][self._i] if key in self._values else MISSING
+        value = self._values[key][self._i] if key in self._values else MISSING
+        if isinstance(value, _NotUtf8):
+            raise InvalidRecord(INVALID_UTF8, f"column {key!r}: {value.reason}")
+        return value
 
     def keys(self) -> list[str]:
         return [k for k, v in self._values.items() if v[self._i] is not None]
+
+
+class _NotUtf8:
+    """A string cell whose bytes are not UTF-8 (Arrow does not check them on write or read)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _column_values(column: Any) -> list:
+    """The column as Python values; a cell that is not UTF-8 becomes a ``_NotUtf8`` (its row is
+    skipped if the record uses the column) instead of failing the whole piece."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except UnicodeDecodeError as e:
+                values.append(_NotUtf8(f"byte {e.start} of a string is not UTF-8"))
+        return values
 
 
 def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
@@ -661,7 +686,7 @@ def _columnar_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any], t
         return
     if table is None:
         return
-    values = {name: table.column(name).to_pylist() for name in table.schema.names}
+    values = {name: _column_values(table.column(name)) for name in table.schema.names}
     for i in range(table.num_rows):
         try:
             yield i, parse(_ColumnFields(values, i)), None

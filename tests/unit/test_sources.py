@@ -40,7 +40,7 @@ def write_jsonl(path, rows, *, final_newline=True):
 
 
 def write_columnar(path, rows, kind, *, batch_rows=2):
-    table = pa.Table.from_pylist(rows)
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
     if kind == "parquet":
         pq.write_table(table, path, row_group_size=batch_rows)
     elif kind == "arrow-file":
@@ -216,6 +216,25 @@ def test_the_recursive_glob_lists_what_glob_lists_on_trees_without_links(tmp_pat
     for pattern in patterns + [str(tmp_path / p) for p in patterns]:
         files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))  # directories are not read
         assert sorted(m for m in sources._recursive_glob(pattern) if os.path.isfile(m)) == files, pattern
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow-file", "arrow-stream", "feather"])
+def test_a_string_cell_that_is_not_utf8_skips_its_own_row(tmp_path, kind):
+    """Arrow does not check UTF-8 on write or read: one bad cell failed the whole run, naming no file."""
+    text = pa.array([b"ok", b"bad \xff", b"fine"], pa.binary()).view(pa.string())
+    ext = {"arrow-file": "arrow", "arrow-stream": "ipc"}.get(kind, kind)
+    path = tmp_path / f"t.{ext}"
+    table = pa.table({"text": text, "note": pa.array([b"\xfe", b"x", b"y"]).view(pa.string())})  # unused column
+    write_columnar(path, table, kind)
+    ids, records, skips = read_all([str(path)])
+    assert (ids, records) == ([0, 2], ["ok", "fine"])
+    assert [(s.row, s.reason) for s in skips] == [(1, "invalid_utf8")] and "'text'" in skips[0].detail
+    messages = pa.array([[{"role": "user", "content": b"hi"}], [{"role": "user", "content": b"\xc3("}]],
+                        pa.list_(pa.struct([("role", pa.string()), ("content", pa.binary())])))
+    write_columnar(path, pa.table({"messages": messages.view(pa.list_(pa.struct([("role", pa.string()),
+                                                                                  ("content", pa.string())])))}), kind)
+    ids, records, skips = read_all([str(path)])
+    assert ids == [0] and [(s.row, s.reason) for s in skips] == [(1, "invalid_utf8")]
 
 
 # ---- global sample ids and windows -----------------------------------------------------------
