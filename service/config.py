@@ -27,6 +27,8 @@ OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages")
 LOSS_MODES = ("auto", "all", "completion")
 MAX_SEQ_LEN = 1 << 20  # a row of 2^20 tokens; beyond that no model trains and numpy would try TiBs
+MAX_SAMPLES_PER_EPOCH = 1 << 40  # ~1.1e12; sample ids and counts stay far from int64's end
+MAX_WINDOWS = 1 << 22  # windows in one run (epochs x windows per epoch): the plan lists them all
 DEFAULT_WINDOW_SAMPLES = 8192
 DEFAULT_BLOCK_SAMPLES = 256
 TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenizer_backend.py
@@ -57,9 +59,7 @@ class SourceConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a source name must be a non-empty string, got {self.name!r}")
-        if isinstance(self.paths, (str, bytes)) or not self.paths:
-            raise ValueError(f"source {self.name!r}: paths must be a non-empty list of files, directories or globs")
-        object.__setattr__(self, "paths", tuple(os.fspath(p) for p in self.paths))
+        object.__setattr__(self, "paths", check_paths(f"source {self.name!r}: paths", self.paths))
         if self.repeat is not None and self.weight is not None:
             raise ValueError(f"source {self.name!r}: give repeat or weight, not both")
         if self.repeat is not None:
@@ -129,6 +129,8 @@ class DataConfig:
             raise ValueError("samples_per_epoch applies to sources with weight; with repeat, an epoch's size follows the sources")
         if self.samples_per_epoch is not None:
             _check_int("samples_per_epoch", self.samples_per_epoch, 1)
+            if self.samples_per_epoch > MAX_SAMPLES_PER_EPOCH:
+                raise ValueError(f"samples_per_epoch must be at most {MAX_SAMPLES_PER_EPOCH:,}, got {self.samples_per_epoch:,}")
         if not self.tokenizer or not isinstance(self.tokenizer, str):
             raise ValueError("tokenizer must name a local directory or a Hugging Face id")
         _check_int("seq_len", self.seq_len, 2)
@@ -144,6 +146,9 @@ class DataConfig:
             _check_int("window_samples", self.window_samples, 1)
         _check_int("block_samples", self.block_samples, 0)
         _check_int("seed", self.seed, 0)
+        for name in ("add_eos", "strict"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.max_skip_fraction is not None:
             f = self.max_skip_fraction
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
@@ -152,9 +157,8 @@ class DataConfig:
     @classmethod
     def from_inputs(cls, inputs: Sequence[str], **fields: Any) -> "DataConfig":
         """The plain form: ``inputs`` as one source of repeat 1 (``packfeed pack INPUT...``)."""
-        if isinstance(inputs, (str, bytes)) or not inputs:
-            raise ValueError("inputs must be a non-empty list of paths")
-        return cls(sources=(SourceConfig(name=default_source_name(inputs), paths=tuple(inputs)),), **fields)
+        inputs = check_paths("inputs", inputs)
+        return cls(sources=(SourceConfig(name=default_source_name(inputs), paths=inputs),), **fields)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -203,6 +207,14 @@ class DataConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def check_paths(what: str, paths: Any) -> tuple[str, ...]:
+    """A non-empty list of file, directory or glob paths, as a tuple of str."""
+    if (isinstance(paths, (str, bytes)) or not isinstance(paths, (list, tuple)) or not paths
+            or not all(isinstance(p, (str, os.PathLike)) for p in paths)):
+        raise ValueError(f"{what} must be a non-empty list of files, directories or globs, got {paths!r}")
+    return tuple(os.fspath(p) for p in paths)
+
+
 def default_source_name(paths: Sequence[str]) -> str:
     """A name from the paths: one path ``data/chat/`` -> chat, ``web.parquet`` -> web,
     ``corpus/*.jsonl`` -> corpus; several paths -> their common directory (``corpus/a.jsonl``
@@ -233,10 +245,8 @@ def _source_from_dict(d: Any, index: int, taken: Sequence[str]) -> SourceConfig:
         raise ValueError(f"source {label}: unknown keys {unknown}; known keys: {sorted(known)}")
     if "paths" not in d:
         raise ValueError(f"source {label}: missing `paths` (files, directories or globs)")
-    paths = d["paths"]
-    if isinstance(paths, str):
-        paths = [paths]
-    d = {**d, "paths": tuple(paths)}
+    paths = check_paths(f"source {label}: paths", [d["paths"]] if isinstance(d["paths"], str) else d["paths"])
+    d = {**d, "paths": paths}
     if not d.get("name"):
         name = default_source_name(paths)
         d["name"] = name if name not in taken else f"{name}-{index + 1}"

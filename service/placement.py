@@ -16,6 +16,7 @@ waiting forever.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 ROLE_LABEL = "packfeed/role"
@@ -37,8 +38,8 @@ def check_resources(name: str, value: Any) -> dict[str, float]:
         raise ValueError(f"{name} must be a table of resource = amount, got {value!r}")
     out = {}
     for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ValueError(f"{name}: {k} must be a number > 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"{name}: {k} must be a finite number > 0, got {v!r}")
         out[str(k)] = float(v)
     return out
 

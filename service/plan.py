@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packfeed.service.config import DEFAULT_WINDOW_SAMPLES, DataConfig
+from packfeed.service.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
 from packfeed.service.mixture import SourceOrder, epoch_counts, window_bounds
 from packfeed.service.sources import MAX_SEEK_STRIDE, FileScan, Piece, WindowSpec, expand_inputs, scan_file
 
@@ -173,6 +173,10 @@ def build_plan(config: DataConfig) -> StreamPlan:
         planned.append((source, tuple(scans), starts, next_id))
         next_id += first_row
     rows = [int(p[2][-1]) for p in planned]
+    for (source, *_), n in zip(planned, rows):
+        if source.repeat is not None and source.repeat * n > MAX_SAMPLES_PER_EPOCH:
+            raise ValueError(f"source {source.name!r}: repeat {source.repeat:g} gives {source.repeat * n:.3g} samples per "
+                             f"epoch of its {n:,} rows; at most {MAX_SAMPLES_PER_EPOCH:,}")
     if config.weighted:
         counts = epoch_counts(rows, weights=[s.weight for s in config.sources], samples_per_epoch=config.samples_per_epoch)
     else:
@@ -185,6 +189,10 @@ def build_plan(config: DataConfig) -> StreamPlan:
             )
     total = int(counts.sum())
     window = config.window_samples or auto_window(total)
+    num_windows = config.epochs * -(-total // window)
+    if num_windows > MAX_WINDOWS:
+        raise ValueError(f"the run would have {num_windows:,} windows ({config.epochs:,} epoch(s) of {total:,} samples in "
+                         f"windows of {window:,}); at most {MAX_WINDOWS:,}: raise window_samples or lower epochs")
     sources = [
         SourcePlan(i, src.name, config.source_format(src), config.source_loss(src), first_id, scans, starts, int(c),
                    source_block(config, src))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import tomllib
@@ -93,9 +94,11 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--config {path}: byte {e.start} is not UTF-8 (is it a text file?)") from None
     try:
         config = json.loads(text) if Path(path).suffix == ".json" else tomllib.loads(text)
     except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
@@ -105,6 +108,9 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     unknown = sorted(set(config) - set(CONFIG_TABLES))
     if unknown:
         raise ValueError(f"--config {path}: unknown tables {unknown}; known: {', '.join(CONFIG_TABLES)}")
+    for name, table in config.items():
+        if not isinstance(table, dict):
+            raise ValueError(f"--config {path}: [{name}] must be a table of keys, got a {type(table).__name__}")
     return config
 
 
@@ -179,7 +185,7 @@ def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = No
         resources = parse_pairs(args.packer_resource, "--packer-resource", float)
     return {  # checked here, before Ray starts; driver_labels place train's feeder only
         "num_workers": _count(*workers),
-        "cpus_per_worker": _positive(*cpus),
+        "cpus_per_worker": positive_number(*cpus),
         "max_workers": _count(*max_workers),
         "packer_labels": None if labels is None else placement.check_selector("packer labels", labels),
         "packer_resources": placement.check_resources("packer resources", resources),
@@ -192,9 +198,9 @@ def _count(name: str, value: Any) -> int | None:
     return value
 
 
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+def positive_number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 

@@ -23,6 +23,7 @@ from packfeed.service.commands.args import (
     load_config_file,
     packing_from_args,
     place_packing,
+    positive_number,
     resolve_output,
 )
 
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from packfeed.service.tokenize import load_tokenizer
     from packfeed.service.writer import ParquetRowWriter, prepare_output
 
+    positive_number("--progress-seconds", args.progress_seconds)
     base = load_config_file(args.config)
     config = data_config_from_args(args, base)
     packing = packing_from_args(args, base)

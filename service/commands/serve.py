@@ -41,6 +41,7 @@ from packfeed.service.commands.args import (
     load_config_file,
     packing_from_args,
     place_packing,
+    positive_number,
     resolve_output,
 )
 
@@ -115,8 +116,7 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     for flag, value in (("--grace-seconds", args.grace_seconds), ("--idle-timeout-seconds", args.idle_timeout_seconds),
                         ("--progress-seconds", args.progress_seconds)):
-        if not value > 0:
-            raise ValueError(f"{flag} must be > 0, got {value}")
+        positive_number(flag, value)
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     if token is None and not args.insecure and not is_loopback(args.host):

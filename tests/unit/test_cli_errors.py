@@ -123,15 +123,45 @@ def test_a_bad_mixture_in_the_config_fails_naming_the_source(capsys, good, tmp_p
     ("packer_resources = 4", (), "packer resources must be a table of resource = amount, got 4"),
     ('packing_workers = "4"', (), "[scaling] packing_workers must be a whole number >= 1, got '4'"),
     ('packer_labels = "packer"', (), "packer labels must be a table of label"),
-    ("packing_cpus_per_worker = 0", (), "[scaling] packing_cpus_per_worker must be a number > 0, got 0"),
+    ("packing_cpus_per_worker = 0", (), "[scaling] packing_cpus_per_worker must be a finite number > 0, got 0"),
+    ("packing_cpus_per_worker = inf", (), "[scaling] packing_cpus_per_worker must be a finite number > 0, got inf"),
     ("", ("--num-workers", "0"), "--num-workers must be a whole number >= 1, got 0"),
-    ("", ("--packer-resource", "GPU_LIKE=-1"), "packer resources: GPU_LIKE must be a number > 0, got -1.0"),
+    ("", ("--packer-resource", "GPU_LIKE=-1"), "packer resources: GPU_LIKE must be a finite number > 0, got -1.0"),
+    ("", ("--packer-resource", "GPU_LIKE=inf"), "packer resources: GPU_LIKE must be a finite number > 0, got inf"),
 ])
 def test_wrong_scaling_values_fail_before_ray_naming_the_key(capsys, good, tmp_path, scaling, flags, message):
     cfg = tmp_path / "run.toml"
     cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\n[[data.sources]]\npaths = ["{good}"]\n[scaling]\n{scaling}\n')
     code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"), *flags)
     assert code == 2 and message in one_line_error(err)  # serve and train read [scaling] with the same checks
+
+
+@pytest.mark.parametrize(("data", "flags", "message"), [
+    ("[[data.sources]]\npaths = 5", (), "source #1: paths must be a non-empty list of files, directories or globs, got 5"),
+    ("inputs = [1]", (), "inputs must be a non-empty list of files, directories or globs, got [1]"),
+    ('strict = "false"\ninputs = ["GOOD"]', (), "strict must be true or false, got 'false'"),
+    ('add_eos = "false"\ninputs = ["GOOD"]', (), "add_eos must be true or false, got 'false'"),
+    ("samples_per_epoch = 10000000000000000000\n[[data.sources]]\npaths = [\"GOOD\"]\nweight = 1",
+     (), "samples_per_epoch must be at most 1,099,511,627,776"),
+    ('[[data.sources]]\npaths = ["GOOD"]\nrepeat = 1e30', (), "source 'data': repeat 1e+30 gives"),
+    ('inputs = ["GOOD"]\nepochs = 1000000000', (), "the run would have 5,000,000,000 windows"),
+    ('inputs = ["GOOD"]', ("--progress-seconds", "nan"), "--progress-seconds must be a finite number > 0, got nan"),
+])
+def test_wrong_data_values_fail_before_ray_naming_the_key(capsys, good, tmp_path, data, flags, message):
+    """Wrong types and sizes in [data]: one line naming the key, not a traceback or an overflow."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\nwindow_samples = 1\n' + data.replace("GOOD", good) + "\n")
+    code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"), *flags)
+    assert code == 2 and message in one_line_error(err)
+
+
+def test_a_config_file_that_is_not_a_text_of_tables_is_named(capsys, good, tmp_path):
+    for name, content, message in (("run.toml", b"[data]\nseq_len = 64 \xff\n", "byte 20 is not UTF-8"),
+                                   ("run.json", b'{"data": 5}', "[data] must be a table of keys, got a int")):
+        cfg = tmp_path / name
+        cfg.write_bytes(content)
+        code, err = run(capsys, "pack", good, "--config", str(cfg), "--output", str(tmp_path / "o"))
+        assert code == 2 and f"--config {cfg}: {message}" in one_line_error(err)
 
 
 def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):

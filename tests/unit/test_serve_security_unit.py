@@ -91,8 +91,9 @@ def test_empty_token_file_is_an_error(tmp_path):
     pytest.param(("--max-consumers", "0"), "--max-consumers must be >= 1", id="no-consumers"),
     pytest.param(("--max-batch-rows", "0"), "--max-batch-rows must be >= 1", id="no-batch-rows"),
     pytest.param(("--buffer-rows", "64"), "--buffer-rows must be >= 128", id="tiny-buffer"),
-    pytest.param(("--grace-seconds", "0"), "--grace-seconds must be > 0", id="no-grace"),
-    pytest.param(("--idle-timeout-seconds", "-5"), "--idle-timeout-seconds must be > 0", id="idle-timeout"),
+    pytest.param(("--grace-seconds", "0"), "--grace-seconds must be a finite number > 0", id="no-grace"),
+    pytest.param(("--progress-seconds", "inf"), "--progress-seconds must be a finite number > 0", id="inf-progress"),
+    pytest.param(("--idle-timeout-seconds", "-5"), "--idle-timeout-seconds must be a finite number > 0", id="idle-timeout"),
 ])
 def test_bad_flags_are_refused_with_the_flag_named(argv, message):
     with pytest.raises(ValueError, match=message):
