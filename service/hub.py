@@ -315,10 +315,13 @@ class RowHub:
             reader.join(max(0.0, deadline - time.monotonic()))
         return not any(reader.is_alive() for reader in readers)
 
-    def _rows(self, cid: int, indices: range, alive: Callable[[], bool]) -> tuple[PackedRows | None, int | None]:
+    def _rows(self, cid: int, indices: range, alive: Callable[[], bool],
+              through: int | None = None) -> tuple[PackedRows | None, int | None]:
         """Rows ``indices`` (an increasing range) that exist, and the stream length if known.
 
-        Blocks until every requested row below the end of the stream is produced.
+        Blocks until every requested row below the end of the stream is produced, and, with
+        ``through``, until row ``through`` exists or the stream's length is known: a step's
+        cursor (the row after its last) holds only when the stream reaches it.
         """
         with self._cond:
             state = self._consumers[cid]
@@ -331,7 +334,8 @@ class RowHub:
                 want = indices if total is None else range(indices.start, min(indices.stop, max(total, indices.start)), indices.step)
                 if len(want) == 0:
                     return None, total
-                if self._reader is not None and self._floor <= want[0] and want[-1] < self._produced:
+                reach = want[-1] if total is not None or through is None else max(want[-1], through)
+                if self._reader is not None and self._floor <= want[0] and reach < self._produced:
                     state.attached = True
                     rows = self._gather(want)
                     self.rows_served += len(want)
@@ -348,7 +352,7 @@ class RowHub:
                 if self._reader is None or behind or self._worth_jumping(want[0]):
                     self._restart_reader(self._low())
                 token = object()  # one consumer may wait in several calls (a restarted trainer rank)
-                self._waiting[token] = want[-1]
+                self._waiting[token] = reach
                 try:
                     self._cond.wait(self._poll_s)
                 finally:
@@ -356,7 +360,7 @@ class RowHub:
                 state.last_active = self._clock()
                 if not alive():
                     raise ConsumerGone()
-        rows = self._catch_up(want)
+        rows = self._catch_up(want, reach)
         with self._cond:
             self.rows_served += rows.num_rows
             return rows, self.manifest.total_rows
@@ -483,13 +487,13 @@ class RowHub:
 
     # -- the catch-up path ------------------------------------------------------------------------
 
-    def _catch_up(self, want: range) -> PackedRows:
+    def _catch_up(self, want: range, reach: int) -> PackedRows:
         """Rows ``want`` for a far consumer: from the catch-up cache, packing the windows it
-        lacks one at a time (their first rows go to the manifest)."""
+        lacks one at a time (their first rows go to the manifest), up to row ``reach`` or the end."""
         with self._catchup_lock:
             window, first = self.manifest.locate(want[0])
             pieces: list[_Piece] = []
-            while first <= want[-1]:
+            while first <= reach:
                 piece = self._catchup.get(window)
                 if piece is None:
                     rows = self._pack_window(window)
@@ -548,9 +552,10 @@ class Consumer:
     def __init__(self, hub: RowHub, cid: int, alive: Callable[[], bool]) -> None:
         self._hub, self._cid, self._alive = hub, cid, alive
 
-    def rows(self, indices: range) -> tuple[PackedRows | None, int | None]:
-        """See RowHub: the existing rows of ``indices`` and the stream length if known."""
-        return self._hub._rows(self._cid, indices, self._alive)
+    def rows(self, indices: range, through: int | None = None) -> tuple[PackedRows | None, int | None]:
+        """See RowHub: the existing rows of ``indices`` and the stream length if known (or,
+        with ``through``, the knowledge that the stream reaches row ``through``)."""
+        return self._hub._rows(self._cid, indices, self._alive, through)
 
     def __enter__(self) -> "Consumer":
         return self

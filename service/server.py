@@ -127,7 +127,7 @@ class PackFeedService:
             while True:
                 wanted = step_rows(rank, world, b, cursor, step)
                 try:
-                    real, total = consumer.rows(wanted.rows)
+                    real, total = consumer.rows(wanted.rows, through=wanted.cursor - 1)  # the cursor must exist
                 except ConsumerGone:
                     return
                 except HubClosed:

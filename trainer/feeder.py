@@ -84,7 +84,7 @@ class RowFeeder:
         if total is not None and s >= num_steps(self.world_size, self.batch_rows, self.cursor0, total):
             return None
         wanted = step_rows(rank, self.world_size, self.batch_rows, self.cursor0, s, total)
-        real, total = self._consumers[rank].rows(wanted.rows)
+        real, total = self._consumers[rank].rows(wanted.rows, through=wanted.cursor - 1)  # the cursor must exist
         if total is not None:
             if s >= num_steps(self.world_size, self.batch_rows, self.cursor0, total):
                 return None

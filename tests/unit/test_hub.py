@@ -175,7 +175,9 @@ def make_hub(stream: SyntheticStream, capacity: int, manifest: Manifest | None =
 def read_ranks(hub: RowHub, world_size: int, batch_rows: int, cursor: int) -> dict[int, list[int]]:
     """Every rank of a world size read step after step, round robin in one thread, the way the
     server does (rows of a step, truncated at the end once the length is known). Checks every
-    answer against the reference; returns the real rows each rank got."""
+    answer against the reference, and every step's cursor against the stream's true length;
+    returns the real rows each rank got."""
+    cursors: list[tuple[int, int, int]] = []  # (rank, step, the cursor its batch carries)
     got: dict[int, list[int]] = {k: [] for k in range(world_size)}
     consumers = [hub.consumer(alive=alive_until()) for _ in range(world_size)]
     done = [False] * world_size
@@ -185,15 +187,19 @@ def read_ranks(hub: RowHub, world_size: int, batch_rows: int, cursor: int) -> di
             if done[k]:
                 continue
             wanted = step_rows(k, world_size, batch_rows, cursor, step)
-            rows, total = consumer.rows(wanted.rows)
+            rows, total = consumer.rows(wanted.rows, through=wanted.cursor - 1)
             if total is not None and step >= num_steps(world_size, batch_rows, cursor, total):
                 done[k] = True
                 consumer.__exit__(None, None, None)
                 continue
             expected = [g for g in wanted.rows if total is None or g < total]
             assert_rows(rows, expected)
+            step_cursor = wanted.cursor if total is None else step_rows(k, world_size, batch_rows, cursor, step, total).cursor
+            cursors.append((k, step, step_cursor))
             got[k].extend(expected)
         step += 1
+    past = [c for c in cursors if c[2] > hub.total_rows]
+    assert not past, f"(rank, step, cursor) past the end {hub.total_rows}: {past[:3]}"
     return got
 
 
@@ -747,6 +753,35 @@ def test_one_consumer_may_wait_in_two_calls_at_once():
     hub.close()
     for start in (100, 40):
         assert_rows(results[start], range(start, start + 8))
+
+
+def test_a_step_at_the_end_waits_for_the_length_before_its_cursor_is_given():
+    """11 rows, 2 ranks of 3 from cursor 6: rank 0's rows 6, 8, 10 exist before the end is known;
+    answered then, its cursor was 12 and a resume from it was refused (past the end). The
+    answer waits until row 11 exists or the length is known: 11."""
+    stream = SyntheticStream((6, 5))
+    reader_done = threading.Event()
+
+    def open_reader(window, first_row):
+        yield from stream.open_reader(window, first_row)
+        reader_done.wait(DEADLINE_S)  # the last block is out; the end is not known yet
+
+    hub = RowHub(open_reader, Manifest("synthetic"), capacity=128, poll_s=0.02)
+    answer: list = []
+    with hub.consumer(alive=alive_until()) as near, hub.consumer(alive=alive_until()) as rank0:
+        rows, _ = near.rows(range(10, 11))  # every row is out
+        assert_rows(rows, [10])
+        wanted = step_rows(0, 2, 3, 6, 0)
+        asker = threading.Thread(target=lambda: answer.append(rank0.rows(wanted.rows, through=wanted.cursor - 1)))
+        asker.start()
+        asker.join(0.3)
+        assert not answer, "answered before the stream was known to reach row 11"
+        reader_done.set()
+        asker.join(DEADLINE_S)
+    hub.close()
+    rows, total = answer[0]
+    assert_rows(rows, [6, 8, 10])
+    assert total == 11 and step_rows(0, 2, 3, 6, 0, total).cursor == 11
 
 
 def test_manifest_write_failure_is_logged_and_the_stream_goes_on(tmp_path, caplog):
