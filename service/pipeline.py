@@ -38,6 +38,7 @@ from packfeed.client.rows import PackedRows
 from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.config import DataConfig
 from packfeed.service.plan import StreamPlan
+from packfeed.service.raycluster import stopping_block_prefetchers
 from packfeed.service.stats import RunStats, WindowStats
 from packfeed.service.tokenizer_backend import log_choices
 
@@ -182,15 +183,16 @@ class PackingPipeline:
         next_index = first_row
         if not self.windows:
             return
-        for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            for out in table_outputs(table, first_row=next_index):
-                if out.stats is not None:
-                    said = len(self.stats.tokenizer_checks)
-                    self.stats.add(out.stats)
-                    log_choices(self.stats.tokenizer_checks, said)
-                    self.samples_started += int(self.plan.window_counts(out.stats.window).sum())
-                next_index += out.rows.num_rows
-                yield out
+        with stopping_block_prefetchers():  # also when the reader is closed mid-stream
+            for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for out in table_outputs(table, first_row=next_index):
+                    if out.stats is not None:
+                        said = len(self.stats.tokenizer_checks)
+                        self.stats.add(out.stats)
+                        log_choices(self.stats.tokenizer_checks, said)
+                        self.samples_started += int(self.plan.window_counts(out.stats.window).sum())
+                    next_index += out.rows.num_rows
+                    yield out
 
 
 def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:

@@ -25,6 +25,7 @@ listens on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Iterator
 
 from packfeed.client.transport import TOKEN_ENV
 
@@ -75,6 +77,53 @@ def shutdown_ray(timeout: float = 60.0) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
     gc.collect()  # what those threads dropped
     ray.shutdown()
+
+
+_PREFETCHERS = threading.local()  # the block prefetchers the current thread's Ray Data reads started
+
+
+@contextlib.contextmanager
+def stopping_block_prefetchers(timeout: float = 10.0) -> Iterator[None]:
+    """Stop, on the way out, the block prefetchers Ray Data starts in this thread within the block.
+
+    Ray Data stops a reader's prefetcher only when the reader runs to its end: one closed
+    mid-stream (a hub reader superseded or drained) leaves its thread parked for good, holding
+    references to the last blocks it fetched (one window's rows in the object store, each time).
+    Prefetchers are created in the thread that starts the iteration, so the thread knows its own.
+    """
+    _track_prefetchers()
+    previous, owned, owner = getattr(_PREFETCHERS, "owned", None), [], threading.current_thread()
+    _PREFETCHERS.owned = owned
+    try:
+        yield
+    finally:
+        if threading.current_thread() is owner:  # a generator collected elsewhere leaves that thread's alone
+            _PREFETCHERS.owned = previous
+        for prefetcher in owned:
+            prefetcher.stop()
+            thread = getattr(prefetcher, "_thread", None)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout)
+
+
+def _track_prefetchers() -> None:
+    """Have Ray Data's WaitBlockPrefetcher report itself to the thread that creates it (once)."""
+    try:
+        from ray.data._internal.block_batching.util import WaitBlockPrefetcher
+    except ImportError:  # another Ray: shutdown_ray still stops what it finds at exit
+        return
+    if getattr(WaitBlockPrefetcher, "_packfeed_tracked", False):
+        return
+    created = WaitBlockPrefetcher.__init__
+
+    def __init__(self, *args, **kwargs):
+        created(self, *args, **kwargs)
+        owned = getattr(_PREFETCHERS, "owned", None)
+        if owned is not None:
+            owned.append(self)
+
+    WaitBlockPrefetcher.__init__ = __init__
+    WaitBlockPrefetcher._packfeed_tracked = True
 
 
 def prepare_ray_env() -> None:

@@ -307,10 +307,12 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
         assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
 
 
-def test_no_ray_data_thread_outlives_ray():
-    """A reader stopped mid-stream (serve's on SIGTERM) leaves Ray Data's block prefetcher thread
-    parked; woken after ``ray.shutdown()`` it calls ``ray.wait`` on a dead core worker and the
-    process aborts with exit 1 after a clean drain. ``shutdown_ray`` stops it first."""
+def test_no_ray_data_thread_outlives_its_reader_or_ray():
+    """A reader stopped mid-stream (serve's on SIGTERM, a hub reader superseded) left Ray Data's
+    block prefetcher thread parked for good, holding its last blocks; woken after
+    ``ray.shutdown()`` it called ``ray.wait`` on a dead core worker and the process aborted with
+    exit 1 after a clean drain. The reader stops its own prefetcher on close; ``shutdown_ray``
+    waits for Ray Data's other threads."""
     script = (
         "import threading\n"
         "from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path\n"
@@ -323,6 +325,7 @@ def test_no_ray_data_thread_outlives_ray():
         "                                window_samples=1024)\n"
         "rows = PackingPipeline(config, build_plan(config), scaling=Scaling(num_workers=1)).iter_rows()\n"
         "next(rows)\n"
+        "print('reading', sorted(t.name for t in threading.enumerate()))\n"
         "rows.close()  # stopped mid-stream\n"
         "print('before', sorted(t.name for t in threading.enumerate()))\n"
         "shutdown_ray()\n"
@@ -330,7 +333,8 @@ def test_no_ray_data_thread_outlives_ray():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
-    before = re.search(r"^before (.*)$", out.stdout, re.M).group(1)
-    after = re.search(r"^after (.*)$", out.stdout, re.M).group(1)
-    assert "'Prefetcher'" in before, "the case did not arise: nothing to stop"  # guards the test itself
+    reading, before, after = (re.search(rf"^{when} (.*)$", out.stdout, re.M).group(1)
+                              for when in ("reading", "before", "after"))
+    assert "'Prefetcher'" in reading, "the case did not arise: nothing to stop"  # guards the test itself
+    assert "'Prefetcher'" not in before, before
     assert after == "['MainThread']", after
