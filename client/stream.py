@@ -351,6 +351,8 @@ class PackedStream:
         def read_all() -> None:
             nonlocal cursor
             self._call = stream(self._request(cursor), metadata=self._metadata)
+            if self._stop.is_set():  # close() ran before the call existed: it could not cancel it
+                self._call.cancel()
             for decoded in self._call:
                 if decoded.rows.num_rows != self.batch_rows or decoded.rows.seq_len != self._seq_len:
                     raise StreamError(grpc.StatusCode.DATA_LOSS, f"batch of shape {decoded.rows.input_ids.shape}, "
@@ -380,6 +382,8 @@ class PackedStream:
         the deadline restarts whenever ``progress()`` changes."""
         tries, last, deadline = 0, progress(), time.monotonic() + self.retry_timeout_s
         while True:
+            if self._stop.is_set():  # closed while waiting to retry
+                return None
             try:
                 return attempt()
             except grpc.RpcError as exc:
@@ -389,8 +393,8 @@ class PackedStream:
                 if code not in RETRYABLE:
                     raise StreamError(code, exc.details() or "") from None
                 if code == grpc.StatusCode.UNAVAILABLE and tries >= 2 and not self._tls_checked:
-                    self._tls_checked = True  # a TLS mismatch looks like a down server to gRPC
-                    problem = diagnose_tls(self.target, self._tls_ca)
+                    # a TLS mismatch looks like a down server to gRPC: probe once something listens
+                    self._tls_checked, problem = diagnose_tls(self.target, self._tls_ca)
                     if problem is not None:
                         raise StreamError(code, problem) from None
                 if progress() != last:

@@ -29,8 +29,9 @@ def batch_message_limit(batch_rows: int, seq_len: int) -> int:
     return batch_rows * seq_len * (_ROW_BYTES_PER_TOKEN + 12) + batch_rows * 17 + _MESSAGE_OVERHEAD
 
 
-def diagnose_tls(target: str, ca_pem: bytes | None, timeout: float = 5.0) -> str | None:
-    """Why a connection to ``target`` cannot work, when the cause is TLS, or None.
+def diagnose_tls(target: str, ca_pem: bytes | None, timeout: float = 5.0) -> tuple[bool, str | None]:
+    """(whether something listens at ``target``, why a connection cannot work when the cause is
+    TLS or None).
 
     gRPC reports a TLS mismatch as UNAVAILABLE, like a server that is down, and a client would
     retry it for minutes. A server that accepts TCP connections but not our handshake is not
@@ -47,7 +48,7 @@ def diagnose_tls(target: str, ca_pem: bytes | None, timeout: float = 5.0) -> str
     try:
         raw = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError):
-        return None  # nothing listens: a down or restarting server, worth retrying
+        return False, None  # nothing listens: a down or restarting server, worth retrying (and probing again)
     context = ssl.create_default_context(cadata=ca_pem.decode() if ca_pem else None)
     if ca_pem is None:
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
@@ -57,18 +58,19 @@ def diagnose_tls(target: str, ca_pem: bytes | None, timeout: float = 5.0) -> str
         with context.wrap_socket(raw, server_hostname=host or None):
             pass
     except ssl.SSLCertVerificationError as e:
-        return (f"TLS handshake with {target} failed: its certificate is not signed by the CA in tls_ca "
-                f"({e.verify_message}): pass the CA that signed the server's certificate")
+        return True, (f"TLS handshake with {target} failed: its certificate is not signed by the CA in tls_ca "
+                      f"({e.verify_message}): pass the CA that signed the server's certificate")
     except (ssl.SSLError, OSError, ConnectionError) as e:
         if ca_pem is None:
-            return None
-        return f"TLS handshake with {target} failed ({e}): is the server serving plaintext? drop tls_ca, or give it --tls-cert"
+            return True, None
+        return True, (f"TLS handshake with {target} failed ({e}): is the server serving plaintext? drop tls_ca, "
+                      "or give it --tls-cert")
     finally:
         raw.close()
     if ca_pem is None:
-        return (f"{target} speaks TLS and this client plaintext: pass tls_ca=<the CA that signed the server's "
-                "certificate> (PEM)")
-    return None
+        return True, (f"{target} speaks TLS and this client plaintext: pass tls_ca=<the CA that signed the server's "
+                      "certificate> (PEM)")
+    return True, None
 
 
 def channel_options(*, max_receive: int, max_send: int) -> list[tuple[str, int]]:

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import os
 import random
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -269,6 +272,45 @@ def test_plaintext_client_against_tls_server_gets_no_data(server):
     with PackedStream(server.target, token=TOKEN) as stream, pytest.raises(StreamError) as err:
         next(stream)
     assert time.monotonic() - start < 30 and "speaks TLS and this client plaintext" in str(err.value)
+
+
+def test_a_client_started_before_its_tls_server_still_says_what_is_wrong(certs):
+    """The TLS probe ran once, at the first retries: a trainer started before the server (nothing
+    listening yet) used it up, and the mismatch was then retried for the full retry timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    target = "127.0.0.1:%d" % listener.getsockname()[1]
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(certs["cert"], certs["key"])
+    stop = threading.Event()
+
+    def serve_handshakes() -> None:  # a TLS endpoint that is not the plaintext client expects
+        time.sleep(3.0)
+        listener.listen()
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                with tls.wrap_socket(conn, server_side=True):
+                    pass
+            except (ssl.SSLError, OSError):
+                conn.close()
+
+    thread = threading.Thread(target=serve_handshakes, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    try:
+        with PackedStream(target, retry_timeout_s=120) as stream, pytest.raises(StreamError) as err:
+            next(stream)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert "speaks TLS and this client plaintext" in str(err.value)
+    assert 3.0 < time.monotonic() - start < 60
 
 
 def test_client_trusting_another_ca_gets_no_data(server, certs):
