@@ -107,7 +107,7 @@ class PackFeedService:
                 with self._lock:
                     self.batches_sent += 1
                     self.bytes_sent += len(message)
-            why = "end of stream"
+            why = "end of stream" if context.is_active() else "cancelled"  # a consumer gone ends the loop too
         except grpc.RpcError:
             why = "aborted"
             raise

@@ -176,6 +176,7 @@ def _packed_source(args: argparse.Namespace, packed: dict):
     seq_len = int(packed["config"]["data"]["seq_len"])
     if args.seq_len is not None and args.seq_len != seq_len:
         raise ValueError(f"{args.inputs[0]} holds rows of {seq_len} tokens, not --seq-len {args.seq_len}")
+    _check_batch_bytes(args.max_batch_rows, seq_len)
     logger.info("serving the packed directory %s as it is (%s rows)", args.inputs[0], f"{packed['stats']['rows']:,}")
     return packed_dir_source(args.inputs[0], packed)
 
@@ -222,15 +223,15 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
         metrics = start_metrics_server(args.metrics_host or args.host, args.metrics_port, hub=hub, service=service,
                                        source=source)
     server.start()
-    if manifest.total_rows is None and len(manifest.first_row) == 1:
-        # A first run: start packing now so the first consumer does not wait for the cold
-        # start. A restarted server waits: its consumers resume mid-stream, wherever they were.
-        hub.start()
-    logger.info(
+    logger.info(  # before the packing actors start: none of their log lines can cut into it
         "listening on %s:%d (%s, %s); stream %s, seq_len %d, %d epoch(s), ready in %.1fs%s", args.host, port,
         "TLS" if tls else "plaintext", "token required" if token else "no token", source.config_hash, source.seq_len,
         source.epochs, time.perf_counter() - started, f"; metrics on :{metrics.port}" if metrics else "",
     )
+    if manifest.total_rows is None and len(manifest.first_row) == 1:
+        # A first run: start packing now so the first consumer does not wait for the cold
+        # start. A restarted server waits: its consumers resume mid-stream, wherever they were.
+        hub.start()
     _status_loop(stop, hub, service, args.progress_seconds)
     logger.info("draining (%s): finishing in-flight batches", "the pipeline failed" if failed.is_set() else "signal")
     t0 = time.perf_counter()
@@ -257,6 +258,7 @@ def _pipeline_source(args: argparse.Namespace):
 
     base = load_config_file(args.config)
     config = data_config_from_args(args, base)
+    _check_batch_bytes(args.max_batch_rows, config.seq_len)
     packing = packing_from_args(args, base)
     plan = build_plan(config)
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
@@ -269,6 +271,17 @@ def _pipeline_source(args: argparse.Namespace):
     logger.info(init_ray(args.address))
     scaling = place_packing(packing, num_windows=plan.num_windows)
     return pipeline_source(config, plan, tokenizer, scaling)
+
+
+def _check_batch_bytes(max_batch_rows: int, seq_len: int) -> None:
+    """A batch of --max-batch-rows rows must fit in one gRPC message (2 GiB)."""
+    from packfeed.client.transport import MAX_MESSAGE_BYTES, batch_message_limit
+
+    if batch_message_limit(max_batch_rows, seq_len) > MAX_MESSAGE_BYTES:
+        per_row = batch_message_limit(2, seq_len) - batch_message_limit(1, seq_len)
+        most = (MAX_MESSAGE_BYTES - batch_message_limit(0, seq_len)) // per_row
+        raise ValueError(f"--max-batch-rows {max_batch_rows} x seq_len {seq_len:,} makes batches above gRPC's 2 GiB "
+                         f"message limit: at most {most} rows per batch at this seq_len")
 
 
 def _status_loop(stop: threading.Event, hub, service, every: float) -> None:

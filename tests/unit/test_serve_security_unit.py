@@ -8,6 +8,7 @@ tests/integration/test_serve_security.py; here the accepted cases and the token 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,20 @@ def test_empty_token_file_is_an_error(tmp_path):
 def test_bad_flags_are_refused_with_the_flag_named(argv, message):
     with pytest.raises(ValueError, match=message):
         check_args(serve_args(*argv), None)
+
+
+def test_batches_above_grpcs_message_limit_are_refused_naming_the_largest_that_fits():
+    """1,024 rows of 131,072 tokens overflowed gRPC's int32 message limit: an OverflowError
+    traceback after Ray had started. serve checks it before Ray, once seq_len is known."""
+    from packfeed.client.transport import MAX_MESSAGE_BYTES, batch_message_limit
+
+    with pytest.raises(ValueError, match=r"--max-batch-rows 1024 x seq_len 131,072 makes batches above gRPC's 2 GiB "
+                                         r"message limit: at most (\d+) rows") as err:
+        serve._check_batch_bytes(1024, 131072)
+    most = int(re.search(r"at most (\d+)", str(err.value)).group(1))
+    assert batch_message_limit(most, 131072) <= MAX_MESSAGE_BYTES < batch_message_limit(most + 1, 131072)
+    serve._check_batch_bytes(most, 131072)
+    serve._check_batch_bytes(256, 8192)  # the defaults pass
 
 
 def test_defaults_pass_and_show_in_help(capsys):
