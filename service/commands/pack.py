@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     packing = packing_from_args(args, base)
     output = resolve_output(args.output)
     plan = build_plan(config)
-    inputs = [f.path for s in plan.sources for f in s.files]
+    # the files read, and the directories given: an output may not be, hold or lie inside any
+    inputs = [f.path for s in plan.sources for f in s.files] + [p for p in config.inputs if os.path.isdir(p)]
     prepare_output(output, inputs=inputs, overwrite=args.overwrite, clear=False)
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)

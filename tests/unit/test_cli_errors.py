@@ -168,6 +168,9 @@ def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
     code, err = run(capsys, "pack", str(tmp_path), "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path),
                     "--overwrite")
     assert code == 2 and "contains the input" in one_line_error(err)
+    code, err = run(capsys, "pack", str(tmp_path), "--tokenizer", TOK, "--seq-len", "64", "--output",
+                    str(tmp_path / "packed"))  # a later `pack DIR/**` would read its own rows
+    assert code == 2 and f"lies inside the input {tmp_path}" in one_line_error(err)
 
 
 def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, good, tmp_path):
