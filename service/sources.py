@@ -370,6 +370,8 @@ def scan_file(path: str, kind: str, *, first_row: int = 0, stride: int = MAX_SEE
             offsets.setdefault(0, 0)
             rows = np.asarray(sorted(offsets), dtype=np.int64)
             return FileScan(path, kind, num_rows, rows, np.asarray([offsets[r] for r in rows.tolist()], np.int64))
+        if os.path.getsize(path) == 0:  # an export never finished: no rows (the plan warns), not a corrupt file
+            return FileScan(path, kind, 0)
         return FileScan(path, kind, _count_rows(path, kind))
     except Exception as e:
         # pyarrow's errors (ArrowInvalid, ...; a plain OSError without errno for a truncated

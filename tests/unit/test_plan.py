@@ -171,6 +171,16 @@ def test_an_empty_source_is_refused_by_name(tmp_path):
         build_plan(config([SourceConfig(name="web", paths=[str(tmp_path / "empty.jsonl")])]))
 
 
+@pytest.mark.parametrize("ext", ["jsonl", "parquet", "arrow", "txt"])
+def test_an_empty_file_among_others_is_warned_about_and_the_rest_planned(tmp_path, caplog, ext):
+    """A 0-byte Parquet/Arrow file (an export never finished) stopped the run as corrupt."""
+    a = write_source(tmp_path, "a", 5)
+    (tmp_path / f"empty.{ext}").write_bytes(b"")
+    with caplog.at_level("WARNING", logger="packfeed"):
+        plan = build_plan(config([SourceConfig(name="web", paths=[*a, str(tmp_path / f"empty.{ext}")])]))
+    assert plan.samples_per_epoch == 5 and f"empty.{ext} holds no rows" in caplog.text
+
+
 def test_plan_pickles_small_and_rebuilds_its_orders(tmp_path):
     import pickle
 
