@@ -160,11 +160,22 @@ def packed_dir_info(path: str | Path) -> dict[str, Any] | None:
     if not (meta / "config.json").exists():
         return None
     stats_path = meta / "stats.json"
-    stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
+    stats = _json_table(stats_path) if stats_path.exists() else {}
     if stats.get("status") != "complete":
         raise ValueError(f"{path} is an unfinished or failed packfeed output (status {stats.get('status', 'running')!r}): "
                          "pack it again")
-    return {"config": json.loads((meta / "config.json").read_text()), "stats": stats}
+    return {"config": _json_table(meta / "config.json"), "stats": stats}
+
+
+def _json_table(path: Path) -> dict:
+    """A JSON object from packfeed's metadata; ValueError naming the file when it is damaged."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({e}): pack the directory again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is damaged (a {type(value).__name__}, not a JSON object): pack the directory again")
+    return value
 
 
 def part_files(out_dir: str | Path) -> list[Path]:

@@ -237,6 +237,18 @@ def test_a_string_cell_that_is_not_utf8_skips_its_own_row(tmp_path, kind):
     assert ids == [0] and [(s.row, s.reason) for s in skips] == [(1, "invalid_utf8")]
 
 
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("state.json", b"[1]", "expected a JSON object, got a list"),
+    ("state.json", b'{"_data_files": [{"name": "x"}]}', "not a Hugging Face datasets state.json"),
+    ("state.json", b"{oops", "not valid JSON"),
+    ("dataset_dict.json", b"\xff\xfe", "not valid JSON"),
+])
+def test_a_damaged_datasets_directory_is_named(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=f"{name}.*{message}"):
+        sources.expand_inputs([str(tmp_path)])
+
+
 # ---- global sample ids and windows -----------------------------------------------------------
 def test_global_ids_count_skipped_rows_across_files(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [{"text": "a0"}, b"{oops", {"text": "a2"}])

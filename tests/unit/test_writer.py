@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packfeed.client.rows import PackedRows, check_rows
-from packfeed.service.writer import ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
+from packfeed.service.writer import META_DIR, ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
 
 SEQ = 8
 
@@ -106,3 +106,11 @@ def test_an_output_path_that_is_a_file_is_refused(tmp_path):
     f.write_text("")
     with pytest.raises(ValueError, match="is a file"):
         prepare_output(f, inputs=[], overwrite=True)
+
+
+@pytest.mark.parametrize("stats", [b"{oops", b"[]", b"\xff"])
+def test_a_packed_directory_with_damaged_metadata_is_named(tmp_path, stats):
+    ParquetRowWriter(tmp_path / "o", seq_len=8, config_hash="h").close(config={}, stats={"rows": 0})
+    (tmp_path / "o" / META_DIR / "stats.json").write_bytes(stats)
+    with pytest.raises(ValueError, match="stats.json is damaged"):
+        packed_dir_info(tmp_path / "o")
