@@ -171,6 +171,18 @@ class RunStats:
                 for index, counts in sources.items():
                     counts.check(f"epoch {e}, source {self.names[index]!r}")
 
+    def check_complete(self, num_windows: int, epochs: int) -> None:
+        """Every window of the run arrived and every planned sample was read: RuntimeError
+        otherwise (a window the pipeline lost would otherwise pass unnoticed)."""
+        with self._lock:
+            if self.windows != num_windows:
+                raise RuntimeError(f"accounting error: {self.windows} of {num_windows} windows arrived")
+            for index, name in enumerate(self.names):
+                read = self.source_total(index).samples_read
+                if read != self.planned[index] * epochs:
+                    raise RuntimeError(f"accounting error: source {name!r} read {read} samples, "
+                                       f"planned {self.planned[index] * epochs}")
+
     def empty_sources(self) -> list[str]:
         """Sources that were read but delivered no sample (all their rows were bad)."""
         return [self.names[i] for i in range(len(self.names))

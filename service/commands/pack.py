@@ -112,6 +112,7 @@ def _pack(args, config, plan, packing, open_writer, tokenizer) -> int:
     end = time.perf_counter()
     total = pipeline.stats
     total.check_accounting()
+    total.check_complete(plan.num_windows, plan.epochs)
     stats = total.to_dict(seq_len=config.seq_len, seconds=end - start)
     stats["first_row_seconds"] = round((first_row_at or end) - start, 3)
     stats["steady_tokens_per_second"] = _steady_rate(tokens - first_tokens, first_row_at, end, len(pipeline.windows))

@@ -39,6 +39,18 @@ def test_run_stats_add_by_epoch_and_source_and_shares():
     assert [e["samples_packed"] for e in chat["epochs"]] == [28, 30]
     assert [e["share_samples"] for e in web["epochs"]] == [pytest.approx(9 / 37), pytest.approx(10 / 40)]
     assert d["windows"] == 3 and d["rows"] == 10
+    run.check_complete(num_windows=3, epochs=2)
+    with pytest.raises(RuntimeError, match="3 of 4 windows arrived"):
+        run.check_complete(num_windows=4, epochs=2)
+
+
+def test_a_lost_window_is_an_accounting_error_naming_the_source():
+    run = RunStats(["chat", "web"], planned=[10, 4])
+    run.add(window(0, 0, {0: {"read": 10, "packed": 10}}))
+    run.add(window(1, 0, {1: {"read": 3, "packed": 3}}))  # one sample of web never arrived
+    run.check_accounting()  # each window adds up
+    with pytest.raises(RuntimeError, match="source 'web' read 3 samples, planned 4"):
+        run.check_complete(num_windows=2, epochs=1)
 
 
 def test_a_window_packed_twice_counts_once():
