@@ -165,12 +165,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     previous = signal.getsignal(signal.SIGTERM)  # ray.init replaces it
     if address and address not in ("local", "auto"):
         check_reachable(address)
-        ray.init(address=address, logging_level=logging.WARNING)
-        _own_sigterm(previous)
+        _ray_init(previous, address=address, logging_level=logging.WARNING)
         return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     if address == "auto":
-        ray.init(address="auto", logging_level=logging.WARNING)
-        _own_sigterm(previous)
+        _ray_init(previous, address="auto", logging_level=logging.WARNING)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     extra = {}
     if dashboard:
@@ -180,17 +178,36 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         port = _free_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         extra["dashboard_port"] = port
-    ray.init(
+    _ray_init(
+        previous,
         address="local",
-        num_cpus=num_cpus,
+        num_cpus=num_cpus,  # None: Ray counts the CPUs this process may use (container limits too)
         object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
         include_dashboard=dashboard,
         dashboard_host="127.0.0.1",
         logging_level=logging.WARNING,
         **extra,
     )
-    _own_sigterm(previous)  # num_cpus None: Ray counts the CPUs this process may use (container limits too)
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+
+
+def _ray_init(previous, **kwargs) -> None:
+    """``ray.init(**kwargs)`` with this process's SIGTERM handling kept throughout.
+
+    ray.init installs ``sys.exit`` as the SIGTERM handler first thing, for the whole start-up
+    (seconds): a SIGTERM then was a SystemExit(15) out of the middle of ray.init, with no drain.
+    Ours stays in place (``serve``: the stop it drains on; else ``Terminated``), then is set again."""
+    import ray
+
+    _own_sigterm(previous)
+    utils = ray._private.utils
+    replace = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**kwargs)
+    finally:
+        utils.set_sigterm_handler = replace
+    _own_sigterm(previous)
 
 
 def _own_sigterm(previous) -> None:

@@ -106,6 +106,32 @@ def test_sigterm_at_any_point_exits_0_and_leaves_no_process(tmp_path):
     assert sum(took < 30 for _, took, _, _ in results) == SIGTERMS, [round(r[1], 1) for r in results]
 
 
+@pytest.mark.timeout(300)
+def test_sigterm_while_ray_starts_ends_the_server_as_a_drain_does(tmp_path):
+    """ray.init sets ``sys.exit`` as the SIGTERM handler for its whole start-up: a SIGTERM then
+    was a SystemExit(15) out of the middle of ray.init. Now it is the server's stop signal."""
+    server = ServerProcess(demo_args(window_samples=250), log=tmp_path / "serve.log", state_dir=tmp_path / "state",
+                           env=ENV)
+    server.proc = subprocess.Popen(server.command(), stdout=open(server.log, "wb"), stderr=subprocess.STDOUT,
+                                   env=server.env, cwd=REPO, start_new_session=True)
+    pgid = server.proc.pid
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name() == "gcs_server" for p in group(pgid)):  # Ray is starting
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.tail()
+            time.sleep(0.05)
+        assert "Ray: started" not in server.tail(), "ray.init had returned: the case did not arise"
+        code = server.terminate(120)
+        deadline = time.monotonic() + 5
+        while group(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [f"{p.pid}:{p.name()}" for p in group(pgid)]
+    finally:
+        server.kill()
+    assert code == 0, f"exit {code}\n{server.tail()}"
+    assert "packfeed serve: stopped" in server.tail() and not left, (left, server.tail())
+
+
 # -- a peeking client -------------------------------------------------------------------------------
 
 
