@@ -57,6 +57,7 @@ from .records import (
     InvalidRecord,
     Skip,
 )
+from .writer import read_json_object
 
 logger = logging.getLogger("packfeed")
 
@@ -236,18 +237,6 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
     raise ValueError(f"input {path!r} does not exist")
 
 
-def _json_table(path: str) -> dict:
-    """A JSON object from ``path``; ValueError naming the file when it is not one."""
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"input {path!r}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"input {path!r}: expected a JSON object, got a {type(value).__name__}")
-    return value
-
-
 def _recursive_glob(pattern: str) -> list[str]:
     """``glob.glob(pattern, recursive=True)`` that walks each real directory once.
 
@@ -330,14 +319,14 @@ def _kind_of(path: str) -> str:
 
 def _expand_dir(path: str) -> list[tuple[str, str]]:
     if os.path.isfile(os.path.join(path, "dataset_dict.json")):
-        splits = _json_table(os.path.join(path, "dataset_dict.json")).get("splits", [])
+        splits = read_json_object(os.path.join(path, "dataset_dict.json"), fix="re-save it or point at a split").get("splits", [])
         raise ValueError(
             f"input {path!r} is a Hugging Face DatasetDict with splits {splits}; point the input at "
             f"one split directory, e.g. {os.path.join(path, splits[0] if splits else 'train')!r}"
         )
     if os.path.isfile(os.path.join(path, "state.json")):
         state_path = os.path.join(path, "state.json")
-        entries = _json_table(state_path).get("_data_files", [])
+        entries = read_json_object(state_path, fix="re-save the dataset with save_to_disk").get("_data_files", [])
         if not isinstance(entries, list) or not all(isinstance(d, dict) and isinstance(d.get("filename"), str)
                                                     for d in entries):
             raise ValueError(f"input {state_path!r}: not a Hugging Face datasets state.json (_data_files should list "

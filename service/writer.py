@@ -160,21 +160,24 @@ def packed_dir_info(path: str | Path) -> dict[str, Any] | None:
     if not (meta / "config.json").exists():
         return None
     stats_path = meta / "stats.json"
-    stats = _json_table(stats_path) if stats_path.exists() else {}
+    stats = read_json_object(stats_path, fix=_PACK_AGAIN) if stats_path.exists() else {}
     if stats.get("status") != "complete":
         raise ValueError(f"{path} is an unfinished or failed packfeed output (status {stats.get('status', 'running')!r}): "
                          "pack it again")
-    return {"config": _json_table(meta / "config.json"), "stats": stats}
+    return {"config": read_json_object(meta / "config.json", fix=_PACK_AGAIN), "stats": stats}
 
 
-def _json_table(path: Path) -> dict:
-    """A JSON object from packfeed's metadata; ValueError naming the file when it is damaged."""
+_PACK_AGAIN = "pack the directory again"
+
+
+def read_json_object(path: str | Path, *, fix: str) -> dict:
+    """The JSON object in ``path``; ValueError naming the file and ``fix`` when it is not one."""
     try:
-        value = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is damaged ({e}): pack the directory again") from None
+        value = json.loads(Path(path).read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not a valid JSON object ({e}): {fix}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} is damaged (a {type(value).__name__}, not a JSON object): pack the directory again")
+        raise ValueError(f"{path} is not a valid JSON object (it holds a {type(value).__name__}): {fix}")
     return value
 
 

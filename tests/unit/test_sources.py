@@ -238,10 +238,10 @@ def test_a_string_cell_that_is_not_utf8_skips_its_own_row(tmp_path, kind):
 
 
 @pytest.mark.parametrize(("name", "content", "message"), [
-    ("state.json", b"[1]", "expected a JSON object, got a list"),
+    ("state.json", b"[1]", "not a valid JSON object \\(it holds a list\\)"),
     ("state.json", b'{"_data_files": [{"name": "x"}]}', "not a Hugging Face datasets state.json"),
-    ("state.json", b"{oops", "not valid JSON"),
-    ("dataset_dict.json", b"\xff\xfe", "not valid JSON"),
+    ("state.json", b"{oops", "not a valid JSON object"),
+    ("dataset_dict.json", b"\xff\xfe", "not a valid JSON object"),
 ])
 def test_a_damaged_datasets_directory_is_named(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
