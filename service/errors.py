@@ -16,11 +16,15 @@ USER_ERROR_EXIT = 2
 
 
 def root_cause(exc: BaseException) -> BaseException:
-    """Unwrap Ray's task errors (``.cause``) and exception chains to the original exception."""
+    """Unwrap Ray's task errors (``.cause``), Ray Train's worker group errors (the lowest rank's
+    failure) and exception chains to the original exception."""
     seen = set()
     while id(exc) not in seen:
         seen.add(id(exc))
         inner = getattr(exc, "cause", None) or exc.__cause__
+        failures = getattr(exc, "worker_failures", None)  # ray.train WorkerGroupError: rank -> error
+        if inner is None and isinstance(failures, dict) and failures:
+            inner = failures[min(failures)]
         if not isinstance(inner, BaseException):
             break
         exc = inner

@@ -276,3 +276,18 @@ def format_sources(sources: list[dict[str, Any]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+def run_failure(stats: dict, max_skip_fraction: float | None) -> str | None:
+    """Why a finished run (``RunStats.to_dict``) must not count as a success, or None."""
+    read, packed = stats["samples_read"], stats["samples_packed"]
+    reasons = ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items())
+    if packed == 0:
+        return f"nothing was packed: {read:,} samples read, all skipped or dropped ({reasons or 'dropped'})"
+    empty = [s["name"] for s in stats.get("sources", []) if s["samples_read"] and not s["samples_packed"]]
+    if empty:
+        return f"source(s) {empty} delivered no sample: every row was bad (see the report): fix or remove them"
+    if max_skip_fraction is not None and read and stats["skipped_total"] / read > max_skip_fraction:
+        return (f"{stats['skipped_total']:,} of {read:,} samples were skipped ({stats['skipped_total'] / read:.1%}), more than "
+                f"--max-skip-fraction {max_skip_fraction:g} ({reasons})")
+    return None

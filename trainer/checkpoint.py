@@ -16,12 +16,14 @@ Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.trai
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
 MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (hub.Manifest), under --output
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
 
 
 def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:
@@ -56,11 +58,30 @@ def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: A
 
 
 def read_state(directory: Path) -> dict:
-    return json.loads((Path(directory) / STATE_FILE).read_text())
+    path = Path(directory) / STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is damaged ({e}): resume from another checkpoint or pass --overwrite") from None
 
 
 def latest_checkpoint(output: Path) -> Path | None:
-    """The checkpoint with the most completed steps under ``output``, or None."""
+    """The checkpoint a resumed run starts from, or None: the latest one Ray Train registered
+    (its snapshot; what ``ray.train.get_checkpoint()`` gives the workers of a new fit), so that
+    a checkpoint whose upload was cut short is never picked; without a snapshot, the one with
+    the most completed steps."""
+    run_dir = Path(output, RUN_NAME)
+    if (run_dir / RAY_SNAPSHOT).exists():
+        from ray.train import Result
+
+        ray_train = logging.getLogger("ray.train")
+        level = ray_train.level
+        ray_train.setLevel(logging.WARNING)  # its INFO paragraph on finding a snapshot says nothing here
+        try:
+            checkpoint = Result.from_path(str(run_dir)).checkpoint
+        finally:
+            ray_train.setLevel(level)
+        return None if checkpoint is None else Path(checkpoint.path)
     best, best_step = None, -1
     for state in Path(output, RUN_NAME).glob(f"checkpoint_*/{STATE_FILE}"):
         step = read_state(state.parent)["step"]

@@ -90,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
 
     base = load_config_file(args.config)
     config = run_config_from_args(args, base)
-    output = resolve_output(args.output or Path(base.get("output", {}).get("dir", "runs/train")))
+    directory = base.get("output", {}).get("dir", "runs/train")
+    if not isinstance(directory, str) or not directory:
+        raise ValueError(f"[output] dir must be a directory path, got {directory!r}")
+    output = resolve_output(args.output or Path(directory))
     train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
     return 0

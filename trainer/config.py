@@ -9,6 +9,7 @@ objects (rank, world size, device, Ray handles) are arguments, never config.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -37,8 +38,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         from packfeed.trainer.attention import ATTENTION_CHOICES
 
-        if not self.name:
-            raise ValueError("model name must be a Hugging Face id, a local directory or tiny-<family>")
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"model name must be a Hugging Face id, a local directory or tiny-<family>, got {self.name!r}")
+        if not isinstance(self.overrides, Mapping):
+            raise ValueError(f"model overrides must be a table of config fields, got {self.overrides!r}")
         if self.attn not in ATTENTION_CHOICES:
             raise ValueError(f"model attn must be one of {', '.join(ATTENTION_CHOICES)}; got {self.attn!r}")
         if self.overrides and not self.is_tiny:
@@ -90,12 +93,18 @@ class TrainConfig:
             _check_int(name, getattr(self, name), minimum=0)
         if self.stop_at_step is not None:
             _check_int("stop_at_step", self.stop_at_step, minimum=1)
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
+            _check_number(name, getattr(self, name))
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.weight_decay < 0 or self.grad_clip < 0:
             raise ValueError("weight_decay and grad_clip must be >= 0 (grad_clip 0 disables clipping)")
+        if isinstance(self.betas, (str, bytes)) or not isinstance(self.betas, (list, tuple)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        for b in self.betas:
+            _check_number("betas", b)
         betas = tuple(float(b) for b in self.betas)
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
@@ -142,6 +151,8 @@ class TrainScaling:
         _check_int("packing_workers", self.packing_workers, minimum=1)
         if self.packing_max_workers is not None:
             _check_int("packing_max_workers", self.packing_max_workers, minimum=self.packing_workers)
+        for name in ("cpus_per_worker", "packing_cpus_per_worker"):
+            _check_number(name, getattr(self, name))
         if not self.cpus_per_worker > 0 or not self.packing_cpus_per_worker > 0:
             raise ValueError("cpus_per_worker and packing_cpus_per_worker must be > 0 (fractions are fine)")
         if self.use_gpu not in ("auto", "yes", "no"):
@@ -191,6 +202,11 @@ def _build(cls: type, table: str, values: Mapping[str, Any]) -> Any:
     if unknown:
         raise ValueError(f"unknown [{table}] keys {unknown}; known keys: {sorted(known)}")
     return cls(**values)
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from packfeed.service.stats import run_failure
 from packfeed.trainer.checkpoint import MANIFEST_FILE, RUN_NAME, latest_checkpoint, read_state
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import RowFeeder
@@ -46,7 +47,7 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     from packfeed.service.writer import packed_dir_info
 
     output = Path(output).resolve()
-    resume_from = _prepare_output(output, resume=resume, overwrite=overwrite)
+    resume_from, clear_previous = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
                                backend=run.data.tokenizer_backend)
@@ -59,13 +60,35 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     else:
         source = ("pipeline", build_plan(run.data))
     if state is not None:
+        check_resume(state, run, packed=packed, plan=source[1] if source[0] == "pipeline" else None)
         print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
               flush=True)
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
-
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
-    return _fit(run, source, tokenizer, output=output, resume_from=resume_from, state=state)
+    return _fit(run, source, tokenizer, output=output, resume_from=resume_from, state=state,
+                clear_previous=clear_previous)
+
+
+def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any) -> None:
+    """A checkpoint continues this run only on the same stream and the same model; ValueError
+    saying what differs (checked before Ray starts, not in the feeder or every worker)."""
+    stream = state.get("stream", {})
+    expected = packed["config"]["config_hash"] if packed is not None else run.data.config_hash()
+    if stream.get("config_hash") not in (None, expected):
+        raise ValueError(f"the checkpoint was trained on data config {stream['config_hash']}, this run's is {expected}: "
+                         "resume with the same data config, or start a new run (--overwrite)")
+    if stream.get("seq_len") not in (None, run.data.seq_len):
+        raise ValueError(f"the checkpoint was trained on rows of {stream['seq_len']} tokens, this run's seq_len is "
+                         f"{run.data.seq_len}")
+    key = (state.get("manifest") or {}).get("key")
+    if plan is not None and key and key.startswith(f"{expected}-") and key != f"{expected}-{plan.fingerprint()}":
+        raise ValueError("the input files changed since the checkpoint (same data config, other files, sizes or "
+                         "rows): its cursor would point into another stream; restore the inputs or start a new run")
+    saved = (state.get("config") or {}).get("model")
+    now = run.to_dict()["model"]
+    for field in ("name", "overrides"):
+        if saved is not None and saved.get(field) != now.get(field):
+            raise ValueError(f"the checkpoint holds model {field} {saved.get(field)!r}, this run's is {now.get(field)!r}: "
+                             "resume with the same model, or start a new run (--overwrite)")
 
 
 def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> None:
@@ -83,7 +106,7 @@ def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> Non
 
 
 def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_from: Path | None,
-         state: dict | None) -> dict[str, Any]:
+         state: dict | None, clear_previous=None) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -96,6 +119,10 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
     placement = check_placement(run.scaling, use_gpu=use_gpu)
+    if clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
+        clear_previous()
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
     world = run.scaling.num_workers
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
@@ -157,8 +184,14 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     summary["final_model"] = str(output / "final")
     if records:
         plot_loss(records, output / "loss.png")
+    # the windows this run's reader packed (none: a packed directory, or a finished run resumed)
+    failure = run_failure(packing, run.data.max_skip_fraction) if packing.get("samples_read") else None
+    if failure is not None:  # as pack does: the model trained, but on what the user ruled out
+        summary["failed"] = failure
     (output / "summary.json").write_text(json.dumps(summary, indent=1))
     print(format_summary(summary), flush=True)
+    if failure is not None:
+        raise ValueError(failure)
     return summary
 
 
@@ -204,27 +237,33 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
 
 
-def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run); clears ``output`` on overwrite.
+def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool):
+    """(the checkpoint to resume from or None, a function that clears the previous run or None).
+    The caller clears only once every other check has passed: a mistake never costs a run.
     ``resume="auto"`` resumes when there is a checkpoint, and otherwise starts afresh (clearing
     what an attempt that died before its first checkpoint left)."""
     has_run = (output / RUN_NAME).exists() or (output / "metrics.jsonl").exists()
     found = latest_checkpoint(output) if resume else None
     if resume == "auto":
         if found is not None:
-            return found
+            return found, None
         overwrite = True
     elif resume:
         if found is None:
-            raise ValueError(f"--resume: no checkpoint under {output / RUN_NAME}; run without --resume first")
-        return found
-    if has_run:
-        if not overwrite:
-            raise ValueError(f"{output} already holds a training run: pass --resume to continue it or --overwrite")
+            fix = "pass --overwrite (or --resume auto) to start it again" if has_run else "run without --resume first"
+            raise ValueError(f"--resume: no checkpoint under {output / RUN_NAME}; {fix}")
+        return found, None
+    if not has_run:
+        return None, None
+    if not overwrite:
+        raise ValueError(f"{output} already holds a training run: pass --resume to continue it or --overwrite")
+
+    def clear() -> None:
         for name in (RUN_NAME, "final", "rows", "metrics.jsonl", "summary.json", "loss.png", MANIFEST_FILE):
             path = output / name
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-    return None
+
+    return None, clear

@@ -74,7 +74,7 @@ def _pack(args, config, plan, packing, open_writer, tokenizer) -> int:
     from packfeed.service.pipeline import PackingPipeline
     from packfeed.service.progress import Progress
     from packfeed.service.raycluster import init_ray
-    from packfeed.service.stats import format_summary
+    from packfeed.service.stats import format_summary, run_failure
 
     start = time.perf_counter()
     logger.info(init_ray(args.address))
@@ -135,21 +135,6 @@ def _pack(args, config, plan, packing, open_writer, tokenizer) -> int:
     print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) to {writer.out_dir} "
           f"(metadata in {writer.meta.name}/)")
     return 0
-
-
-def run_failure(stats: dict, max_skip_fraction: float | None) -> str | None:
-    """Why a finished run must not count as a success, or None."""
-    read, packed = stats["samples_read"], stats["samples_packed"]
-    reasons = ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items())
-    if packed == 0:
-        return f"nothing was packed: {read:,} samples read, all skipped or dropped ({reasons or 'dropped'})"
-    empty = [s["name"] for s in stats.get("sources", []) if s["samples_read"] and not s["samples_packed"]]
-    if empty:
-        return f"source(s) {empty} delivered no sample: every row was bad (see the report): fix or remove them"
-    if max_skip_fraction is not None and read and stats["skipped_total"] / read > max_skip_fraction:
-        return (f"{stats['skipped_total']:,} of {read:,} samples were skipped ({stats['skipped_total'] / read:.1%}), more than "
-                f"--max-skip-fraction {max_skip_fraction:g} ({reasons})")
-    return None
 
 
 def _steady_rate(tokens: int, first_row_at: float | None, end: float, windows: int) -> float | None:

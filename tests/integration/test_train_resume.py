@@ -114,8 +114,17 @@ def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, inte
     from packfeed.trainer.run import train
 
     copy_run(interrupted, tmp_path)
+    # A checkpoint whose upload was cut short (its state landed, Ray never registered it): the
+    # workers of a resumed fit start from Ray's latest registered one, so --resume must too.
+    partial = tmp_path / "ray" / "checkpoint_000005"
+    partial.mkdir()
+    (partial / "trainer_state.json").write_text(json.dumps({**read_state(latest_checkpoint(tmp_path)), "step": 5}))
     state = read_state(latest_checkpoint(tmp_path))
     assert state["step"] == INTERRUPT
+    impossible = dataclasses.replace(run_config, scaling=dataclasses.replace(run_config.scaling, num_workers=64))
+    with pytest.raises(ValueError, match="train workers: 64 x"):
+        train(impossible, output=tmp_path, overwrite=True)  # a placement refused: the run is not lost
+    assert read_state(latest_checkpoint(tmp_path))["step"] == INTERRUPT
     assert set(state["stream"]) == {"version", "cursor", "step", "config_hash", "seq_len"}, "the client's format"
     assert state["stream"]["cursor"] == INTERRUPT * 2 * 4 and state["manifest"]["first_row"]
     with pytest.raises(ValueError, match="--resume"):
@@ -207,3 +216,20 @@ def test_pack_once_train_from_the_packed_directory(ray_cluster, run_config, smal
     seen = rows_seen(tmp_path / "run")
     for (step, rank), (indices, _) in seen.items():  # 2 ranks x 4 rows per step
         assert indices == [8 * (step - 1) + rank + 2 * j for j in range(4)], (step, rank)
+
+
+def test_train_fails_as_pack_does_when_more_samples_are_skipped_than_allowed(ray_cluster, run_config, small_corpus,
+                                                                               tmp_path):
+    """--max-skip-fraction was accepted by train and never applied: a mostly bad input trained, exit 0."""
+    from packfeed.trainer.run import train
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n" * 100)  # 100 malformed rows next to 300 good ones: 25% skipped
+    data = DataConfig.from_inputs((*small_corpus, str(bad)), tokenizer=demo_tokenizer_path(), seq_len=256,
+                                  window_samples=64, max_skip_fraction=0.1)
+    run = dataclasses.replace(run_config, data=data, train=dataclasses.replace(
+        run_config.train, max_steps=200, checkpoint_every=0, record_rows=False))  # to the end of the data: every window read
+    with pytest.raises(ValueError, match=r"100 of 400 samples were skipped \(25.0%\), more than --max-skip-fraction 0.1"):
+        train(run, output=tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "more than --max-skip-fraction" in summary["failed"] and "stopped_early" in summary

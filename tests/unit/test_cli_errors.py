@@ -219,3 +219,13 @@ def test_root_cause_unwraps_ray_style_wrappers():
     inner = ValueError("the data's error")
     assert root_cause(TaskError(TaskError(inner))) is inner
     assert user_message(TaskError(inner)) == "the data's error"
+
+
+def test_a_user_error_in_train_workers_is_its_line_not_ray_trains_wrapper():
+    """Ray Train raises WorkerGroupError (rank -> error, no __cause__): a traceback before."""
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    inner = ValueError("unknown tiny model family 'lama'")
+    wrapped = WorkerGroupError("rank 0 failed", {1: RuntimeError("rank 1 saw rank 0 go"), 0: inner})
+    assert root_cause(wrapped) is inner
+    assert user_message(wrapped) == "unknown tiny model family 'lama'"

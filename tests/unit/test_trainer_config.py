@@ -96,15 +96,60 @@ def test_resume_auto_resumes_when_it_can_and_starts_otherwise(tmp_path):
     from packfeed.trainer.run import _prepare_output
 
     out = tmp_path / "run"
-    assert _prepare_output(out, resume="auto", overwrite=False) is None  # nothing there: start
+    assert _prepare_output(out, resume="auto", overwrite=False) == (None, None)  # nothing there: start
     (out / RUN_NAME).mkdir(parents=True)
     (out / "metrics.jsonl").write_text("{}\n")  # an attempt that died before its first checkpoint
-    assert _prepare_output(out, resume="auto", overwrite=False) is None
+    with pytest.raises(ValueError, match="no checkpoint under .*pass --overwrite \\(or --resume auto\\)"):
+        _prepare_output(out, resume="yes", overwrite=False)
+    found, clear = _prepare_output(out, resume="auto", overwrite=False)
+    assert found is None and (out / "metrics.jsonl").exists(), "nothing is removed before every check passed"
+    clear()
     assert not (out / "metrics.jsonl").exists(), "its leftovers are cleared"
     ckpt = out / RUN_NAME / "checkpoint_000003"
     ckpt.mkdir(parents=True)
     (ckpt / STATE_FILE).write_text(json.dumps({"step": 3}))
-    assert _prepare_output(out, resume="auto", overwrite=False) == ckpt
-    assert _prepare_output(out, resume="yes", overwrite=False) == ckpt
+    assert _prepare_output(out, resume="auto", overwrite=False) == (ckpt, None)
+    assert _prepare_output(out, resume="yes", overwrite=False) == (ckpt, None)
     with pytest.raises(ValueError, match="already holds a training run"):
         _prepare_output(out, resume=False, overwrite=False)
+    (ckpt / STATE_FILE).write_text("")  # cut short
+    with pytest.raises(ValueError, match="trainer_state.json is damaged"):
+        _prepare_output(out, resume="yes", overwrite=False)
+
+
+@pytest.mark.parametrize(("table", "value", "match"), [
+    ("train", {"lr": "3e-4"}, "lr must be a finite number, got '3e-4'"),
+    ("train", {"grad_clip": float("nan")}, "grad_clip must be a finite number"),
+    ("train", {"betas": 0.9}, "betas must be two numbers"),
+    ("train", {"betas": ["0.9", "0.95"]}, "betas must be a finite number"),
+    ("scaling", {"cpus_per_worker": "1"}, "cpus_per_worker must be a finite number"),
+    ("model", {"name": "tiny-llama", "overrides": 5}, "overrides must be a table"),
+    ("model", {"name": 123}, "model name must be"),
+])
+def test_wrong_types_in_the_train_config_are_named(table, value, match):
+    """They were TypeError/AttributeError tracebacks (or accepted, and failed in the workers)."""
+    cls = {"train": TrainConfig, "scaling": TrainScaling, "model": ModelConfig}[table]
+    with pytest.raises(ValueError, match=match):
+        cls(**value)
+
+
+def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
+    from types import SimpleNamespace
+
+    from packfeed.service.config import DataConfig
+    from packfeed.trainer.run import check_resume
+
+    run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
+    h = run.data.config_hash()
+    plan = SimpleNamespace(fingerprint=lambda: "f1")
+    good = {"stream": {"config_hash": h, "seq_len": 64}, "manifest": {"key": f"{h}-f1"}, "config": run.to_dict()}
+    check_resume(good, run, packed=None, plan=plan)
+    for state, match in (
+        ({**good, "stream": {"config_hash": "other", "seq_len": 64}}, "trained on data config other"),
+        ({**good, "stream": {"config_hash": h, "seq_len": 128}}, "rows of 128 tokens"),
+        ({**good, "manifest": {"key": f"{h}-f0"}}, "the input files changed"),
+        ({**good, "config": {**good["config"], "model": {**good["config"]["model"], "name": "tiny-qwen3"}}},
+         "model name 'tiny-qwen3'"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            check_resume(state, run, packed=None, plan=plan)
