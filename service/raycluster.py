@@ -16,11 +16,13 @@
   replaces that handler with one that raises ``Terminated`` in the main thread, and
   ``shutdown_ray()`` first waits for Ray Data's threads to end, then shuts Ray down.
 
-Measured with Ray 2.60: gcs_server and raylet listen on every interface whatever
-``node_ip_address`` says (``ray.init`` maps 127.0.0.1 to the machine's address, ``ray start
---node-ip-address 127.0.0.1`` still binds ``*``), so loopback binding is not available; the
-token authentication kept on above is what refuses other hosts. The dashboard, when started,
-listens on 127.0.0.1 only.
+An embedded Ray listens on loopback only. Ray takes the machine's address as the node's
+(``ray.init`` maps 127.0.0.1 to it), and its servers (gcs_server, raylet, workers, agents) then
+listen on every interface. In Ray's single-node mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+the default on macOS and Windows) the node's address is 127.0.0.1 and every one of them binds
+127.0.0.1 (measured with Ray 2.60: ``ss -ltnp`` lists no Ray socket elsewhere). ``init_ray``
+turns that mode on for the Ray it starts, never for one it joins (a cluster's nodes must reach
+each other). Token authentication, kept on above, still guards a cluster's ports.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address == "auto":
         _ray_init(previous, address="auto", logging_level=logging.WARNING)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+    _single_node_on_loopback()
     extra = {}
     if dashboard:
         # Ray Train's placement-group cleaner finds "the" cluster through the State API; with a
@@ -189,6 +192,16 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         **extra,
     )
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
+
+
+def _single_node_on_loopback() -> None:
+    """Ray's single-node mode for the Ray about to start here: the node's address is 127.0.0.1,
+    so gcs_server, raylet, workers and agents listen on loopback only. Ray reads the setting at
+    import (this process) and from the environment (the processes it starts)."""
+    import ray._private.ray_constants as ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _ray_init(previous, **kwargs) -> None:

@@ -324,7 +324,21 @@ def test_pack_under_sigterm_exits_143_and_leaves_no_process(tmp_path):
     assert not group(proc.pid), [p.name() for p in group(proc.pid)]
 
 
-def test_the_auth_token_does_not_reach_rays_processes(tmp_path):
+def listening(processes: list[psutil.Process]) -> list[tuple[str, str]]:
+    """(process name, local address) of every TCP socket these processes listen on."""
+    out = []
+    for p in processes:
+        try:
+            out += [(p.name(), c.laddr.ip) for c in p.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def test_the_embedded_ray_listens_on_loopback_only_and_never_sees_the_token(tmp_path):
+    """Issue (security notes): with `serve --host 127.0.0.1` the embedded Ray listened on every
+    interface (gcs_server, raylet, agents), and $PACKFEED_AUTH_TOKEN reached Ray's workers."""
     token = "s3cret-" + os.urandom(8).hex()
     server = ServerProcess(demo_args(), log=tmp_path / "serve.log", state_dir=tmp_path / "state",
                            env={**ENV, "PACKFEED_AUTH_TOKEN": token})
@@ -341,3 +355,8 @@ def test_the_auth_token_does_not_reach_rays_processes(tmp_path):
                 continue
         assert children and any(p.name().startswith("ray::") for p in children)
         assert not leaked, leaked
+        sockets = listening(children)
+        names = {name for name, _ in sockets}
+        assert {"gcs_server", "raylet"} <= names, sockets  # Ray's servers were seen listening
+        loopback = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+        assert all(ip in loopback for _, ip in sockets), [s for s in sockets if s[1] not in loopback]
