@@ -21,8 +21,9 @@ An embedded Ray listens on loopback only. Ray takes the machine's address as the
 listen on every interface. In Ray's single-node mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
 the default on macOS and Windows) the node's address is 127.0.0.1 and every one of them binds
 127.0.0.1 (measured with Ray 2.60: ``ss -ltnp`` lists no Ray socket elsewhere). ``init_ray``
-turns that mode on for the Ray it starts, never for one it joins (a cluster's nodes must reach
-each other). Token authentication, kept on above, still guards a cluster's ports.
+turns that mode on while the Ray it starts comes up, never for one it joins (a cluster's nodes
+must reach each other), and leaves the process's environment as it was. Token
+authentication, kept on above, still guards a cluster's ports.
 """
 
 from __future__ import annotations
@@ -172,7 +173,6 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address == "auto":
         _ray_init(previous, address="auto", logging_level=logging.WARNING)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
-    _single_node_on_loopback()
     extra = {}
     if dashboard:
         # Ray Train's placement-group cleaner finds "the" cluster through the State API; with a
@@ -181,27 +181,41 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         port = _free_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         extra["dashboard_port"] = port
-    _ray_init(
-        previous,
-        address="local",
-        num_cpus=num_cpus,  # None: Ray counts the CPUs this process may use (container limits too)
-        object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
-        include_dashboard=dashboard,
-        dashboard_host="127.0.0.1",
-        logging_level=logging.WARNING,
-        **extra,
-    )
+    with _single_node_on_loopback():
+        _ray_init(
+            previous,
+            address="local",
+            num_cpus=num_cpus,  # None: Ray counts the CPUs this process may use (container limits too)
+            object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            logging_level=logging.WARNING,
+            **extra,
+        )
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
-def _single_node_on_loopback() -> None:
-    """Ray's single-node mode for the Ray about to start here: the node's address is 127.0.0.1,
-    so gcs_server, raylet, workers and agents listen on loopback only. Ray reads the setting at
-    import (this process) and from the environment (the processes it starts)."""
+@contextlib.contextmanager
+def _single_node_on_loopback() -> Iterator[None]:
+    """Ray's single-node mode while an embedded Ray starts: the node's address is 127.0.0.1, so
+    gcs_server, raylet, workers and agents listen on loopback only. Ray reads the mode from its
+    module constant (this process) and from the environment (the processes it starts, which
+    copy it at their start). Both are restored after: a ``ray start`` this process runs later
+    (a worker node joining a cluster) must not inherit a mode that refuses to join."""
     import ray._private.ray_constants as ray_constants
 
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_constant = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_constant
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
 
 
 def _ray_init(previous, **kwargs) -> None:

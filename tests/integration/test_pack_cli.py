@@ -292,19 +292,24 @@ def test_a_source_that_delivers_nothing_is_named(ray_cluster, tmp_path, capsys):
 def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path):
     """A script that imports Ray (or packfeed's pipeline, which imports Ray) before
     ``init_ray`` gets a working embedded Ray: the auth mode is set only while Ray can still
-    read it, never half-way (a GCS wanting a token the driver does not send)."""
+    read it, never half-way (a GCS wanting a token the driver does not send). Ray's single-node
+    mode (loopback only) is the started Ray's, not left in the caller's environment, where a
+    later `ray start --address` (a worker node) would refuse to join."""
     script = (
-        "import {first}\n"
+        "import {first}, os\n"
         "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
         "print(init_ray('local'))\n"
         "import ray\n"
         "print('a task returned', ray.get(ray.remote(lambda: 2).remote()))\n"
+        "print('node', ray.util.get_node_ip_address())\n"
+        "print('mode left', os.environ.get('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'))\n"
         "shutdown_ray()\n"
     )
     for first in ("ray", "packfeed.service.pipeline"):
         out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
                              timeout=180, cwd=tmp_path)  # fmt: skip
         assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
+        assert "node 127.0.0.1" in out.stdout and "mode left None" in out.stdout, out.stdout
 
 
 def test_no_ray_data_thread_outlives_its_reader_or_ray():
