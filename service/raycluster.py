@@ -181,7 +181,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         port = _free_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         extra["dashboard_port"] = port
-    with _single_node_on_loopback():
+    with _single_node_on_loopback(), _own_process_group():
         _ray_init(
             previous,
             address="local",
@@ -216,6 +216,50 @@ def _single_node_on_loopback() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = saved_env
+
+
+@contextlib.contextmanager
+def _own_process_group() -> Iterator[None]:
+    """Every process an embedded Ray starts joins one process group of its own (the first one,
+    gcs_server, leads it; raylet's workers and agents inherit it).
+
+    In the caller's group (Ray's default on Linux) a signal to that group, Ctrl-C's SIGINT or
+    ``kill -TERM -PGID`` as a container runtime or a user sends it, also reached gcs_server,
+    raylet and the workers, killing Ray under the draining command: the driver then waited on
+    a dead GCS until Ray's 60 s reconnect limit ended it with exit 1 ("Failed to connect to GCS
+    ... The program will terminate"), 2 of 8 SIGTERMs mid-stream. Apart, the signal reaches the
+    command alone, and it shuts Ray down in order. A driver that dies still takes its Ray with it:
+    Ray's own fate-sharing (the kernel's parent-death signal) does not depend on the group."""
+    import ray._private.services as services
+
+    if os.name != "posix":  # Ray gives each of its processes a group of its own on Windows already
+        yield
+        return
+    base = services.ConsolePopen
+    group: list[int] = []
+
+    class GroupedPopen(base):
+        def __init__(self, *args, **kwargs):
+            inner, target = kwargs.get("preexec_fn"), group[0] if group else 0
+
+            def preexec() -> None:
+                try:
+                    os.setpgid(0, target)
+                except OSError:  # the group is gone: stay in the caller's, as Ray would
+                    pass
+                if inner is not None:
+                    inner()
+
+            kwargs["preexec_fn"] = preexec
+            super().__init__(*args, **kwargs)
+            if not group:
+                group.append(self.pid)
+
+    services.ConsolePopen = GroupedPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = base
 
 
 def _ray_init(previous, **kwargs) -> None:

@@ -8,7 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = sorted(str(p) for p in (REPO / "service" / "assets" / "corpus").glob("*.jsonl"))
@@ -17,6 +20,20 @@ DEMO_SAMPLES = 7_500  # samples in the bundled corpus; none is skipped at these 
 LISTENING = re.compile(r"packfeed serve: listening on (\S+):(\d+)")
 # Tools grep the readiness line: it must be whole, on a line of its own.
 READY_LINE = re.compile(r"(?m)^packfeed serve: listening on (\S+):(\d+) [^\n]*\n")
+
+
+METRICS = re.compile(r"metrics on :(\d+)")  # the readiness line's metrics port
+
+
+def scrape(port: int) -> dict[str, float]:
+    """name{labels} -> value of every packfeed_ sample on a server's metrics endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("packfeed_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def demo_args(*, seq_len: int = 512, window_samples: int = 1000, extra: tuple[str, ...] = ()) -> list[str]:
@@ -29,6 +46,88 @@ def demo_args(*, seq_len: int = 512, window_samples: int = 1000, extra: tuple[st
         "--num-workers", "1",
         *extra,
     ]
+
+
+def process_groups(pid: int) -> set[int]:
+    """The process groups of ``pid`` and of every process below it: a command's own, its
+    embedded Ray's (gcs_server, raylet, agents: one group apart, see raycluster), and each Ray
+    worker's (raylet gives every worker a group of its own). Taken while they run: a process
+    that died is no longer anyone's child."""
+    groups = set()
+    try:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                groups.add(os.getpgid(p.pid))
+            except ProcessLookupError:
+                continue
+    except psutil.NoSuchProcess:
+        pass
+    return groups
+
+
+def alive_in(groups: set[int]) -> list[psutil.Process]:
+    """The live (not zombie) processes of these process groups."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) in groups and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return out
+
+
+def left_after(groups: set[int], timeout: float = 5.0) -> list[str]:
+    """"pid:name" of the processes of ``groups`` still alive after up to ``timeout`` s (their
+    exit takes a moment after the command's)."""
+    deadline = time.monotonic() + timeout
+    while alive_in(groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = []
+    for p in alive_in(groups):
+        try:
+            left.append(f"{p.pid}:{p.name()}")
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+class GroupWatch:
+    """The process groups of ``pid``'s tree (``process_groups``), gathered every 0.1 s from now
+    until ``pid`` exits, so groups created late (Ray starting as a signal arrives) are known
+    too. ``groups`` once the process has exited: every group it ever had below it."""
+
+    def __init__(self, pid: int) -> None:
+        import threading
+
+        self.pid, self.groups = pid, {pid}
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                if psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            self.groups |= process_groups(self.pid)
+            time.sleep(0.1)
+
+    def left(self, timeout: float = 5.0) -> list[str]:
+        """Processes of the watched groups still alive (the watched process must have exited)."""
+        self._thread.join(10)
+        return left_after(self.groups, timeout)
+
+
+def kill_groups(groups: set[int]) -> None:
+    """SIGKILL to every group, never to the caller's own."""
+    for pgid in groups - {os.getpgid(0)}:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class ServerProcess:
@@ -88,10 +187,7 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL to the server and its embedded Ray: no drain, no goodbye."""
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_groups(process_groups(self.proc.pid) | {self.proc.pid})
             self.proc.wait(30)
 
     def terminate(self, timeout: float = 60.0) -> int:

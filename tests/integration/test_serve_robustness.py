@@ -35,25 +35,13 @@ from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import SERVICE_NAME
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import decode_batch_bytes
-from serve_support import CORPUS, REPO, TOKENIZER, ServerProcess, demo_args
+from serve_support import CORPUS, REPO, TOKENIZER, GroupWatch, ServerProcess, alive_in, demo_args, kill_groups
 
 pytestmark = pytest.mark.integration
 
 SEED = int(os.environ.get("PACKFEED_FAILURE_SEED", "1729"))
 SIGTERMS = int(os.environ.get("PACKFEED_SIGTERMS", "20"))
 ENV = {"RAY_ADDRESS": ""}
-
-
-def group(pgid: int) -> list[psutil.Process]:
-    """Live processes of a process group (the server and its embedded Ray)."""
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return out
 
 
 def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], str]:
@@ -63,7 +51,7 @@ def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], 
     server = ServerProcess(demo_args(window_samples=250, extra=("--buffer-rows", "128")), log=directory / "serve.log",
                            state_dir=directory / "state", env=ENV)
     server.start()
-    pgid = server.proc.pid
+    watch = GroupWatch(server.proc.pid)
     done = threading.Event()
 
     def read() -> None:
@@ -84,12 +72,9 @@ def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], 
     finally:
         done.set()
     took = time.monotonic() - start
-    deadline = time.monotonic() + 5  # the group's processes get a moment to go
-    while group(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = [f"{p.pid}:{p.name()}" for p in group(pgid)]
-    for p in group(pgid):
-        p.kill()
+    left = watch.left()  # the server's and its Ray's processes get a moment to go
+    kill_groups(watch.groups)
+    assert len(watch.groups) > 1, "the server's Ray processes were seen (else no process is checked)"
     return code, took, left, server.tail(1500)
 
 
@@ -114,18 +99,15 @@ def test_sigterm_while_ray_starts_ends_the_server_as_a_drain_does(tmp_path):
                            env=ENV)
     server.proc = subprocess.Popen(server.command(), stdout=open(server.log, "wb"), stderr=subprocess.STDOUT,
                                    env=server.env, cwd=REPO, start_new_session=True)
-    pgid = server.proc.pid
+    watch = GroupWatch(server.proc.pid)
     try:
         deadline = time.monotonic() + 120
-        while not any(p.name() == "gcs_server" for p in group(pgid)):  # Ray is starting
+        while not any(p.name() == "gcs_server" for p in alive_in(watch.groups)):  # Ray is starting
             assert server.proc.poll() is None and time.monotonic() < deadline, server.tail()
             time.sleep(0.05)
         assert "Ray: started" not in server.tail(), "ray.init had returned: the case did not arise"
         code = server.terminate(120)
-        deadline = time.monotonic() + 5
-        while group(pgid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = [f"{p.pid}:{p.name()}" for p in group(pgid)]
+        left = watch.left()
     finally:
         server.kill()
     assert code == 0, f"exit {code}\n{server.tail()}"
@@ -188,8 +170,15 @@ def test_a_peeker_at_cursor_0_does_not_starve_a_reader(tmp_path):
 # -- reader restarts -------------------------------------------------------------------------------
 
 
-def ray_actor_processes(pgid: int) -> list[str]:
-    return sorted(p.name() for p in group(pgid) if p.name().startswith("ray::") and "Agent" not in p.name())
+def ray_actor_processes(pid: int) -> list[str]:
+    """Ray's actor processes below the server (each worker has a process group of its own)."""
+    names = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            names.append(p.name())
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(n for n in names if n.startswith("ray::") and "Agent" not in n and n != "ray::IDLE")
 
 
 @pytest.mark.timeout(600)
@@ -198,7 +187,6 @@ def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
                        state_dir=tmp_path / "state", env=ENV) as server:
         _, rows = read_all(server.target)  # the whole stream once: the manifest knows every window
         end = len(rows) - len(rows) % 4 - 8
-        pgid = server.proc.pid
         rss, actors = [], []
         for i in range(8):  # a lone consumer jumping between the ends: each jump restarts the reader
             cursor = 0 if i % 2 else end
@@ -207,9 +195,10 @@ def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
                 assert next(iter(s)).row_index[0] == cursor
             time.sleep(1.0)
             rss.append(psutil.Process(server.proc.pid).memory_info().rss)
-            actors.append(ray_actor_processes(pgid))
+            actors.append(ray_actor_processes(server.proc.pid))
         log = server.log.read_text()
     assert log.count("packing from window") >= 7, "the jumps did restart the reader"
+    assert actors[2], "the packing actors were seen (else the pile-up check below is empty)"
     assert len(actors[-1]) <= len(actors[2]) + 1, f"actors pile up: {actors[2]} -> {actors[-1]}"
     assert not any("StatsSink" in a for a in actors[-1])
     assert rss[-1] < 1.25 * rss[2], f"server memory grew {rss[2] >> 20} -> {rss[-1] >> 20} MiB over the restarts"
@@ -311,6 +300,7 @@ def test_pack_under_sigterm_exits_143_and_leaves_no_process(tmp_path):
              "--output", str(tmp_path / "out"), "--num-workers", "1", "--progress-seconds", "1"],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **ENV}, start_new_session=True,
         )
+    watch = GroupWatch(proc.pid)
     deadline = time.monotonic() + 120
     while "samples (" not in log.read_text() and time.monotonic() < deadline:  # a progress line: mid-run
         time.sleep(0.2)
@@ -318,10 +308,10 @@ def test_pack_under_sigterm_exits_143_and_leaves_no_process(tmp_path):
     assert proc.wait(120) == 143, log.read_text()[-3000:]
     text = log.read_text()
     assert "stopped by SIGTERM" in text and "Traceback" not in text and "SystemExit" not in text
-    deadline = time.monotonic() + 10
-    while group(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not group(proc.pid), [p.name() for p in group(proc.pid)]
+    assert len(watch.groups) > 1, "the run's Ray processes were seen (else nothing below is checked)"
+    left = watch.left(10)
+    kill_groups(watch.groups)
+    assert not left, left
 
 
 def listening(processes: list[psutil.Process]) -> list[tuple[str, str]]:
@@ -345,7 +335,7 @@ def test_the_embedded_ray_listens_on_loopback_only_and_never_sees_the_token(tmp_
     with server:
         with PackedStream(server.target, batch_rows=4, token=token) as stream:
             next(iter(stream))  # the packing actors are up
-        children = [p for p in group(server.proc.pid) if p.pid != server.proc.pid]
+        children = psutil.Process(server.proc.pid).children(recursive=True)
         leaked = []
         for p in children:
             try:
