@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import logging
 import signal
 import sys
 import threading
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.command, args.debug)
     try:
+        _announce_faults()
         return args.run(args)
     except KeyboardInterrupt:
         print(f"packfeed {args.command}: interrupted", file=sys.stderr, flush=True)
@@ -82,6 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         with _signals_ignored():  # a second SIGTERM or Ctrl-C must not cut the shutdown short
             shutdown_ray()  # in order, before the interpreter's exit hooks run
+
+
+def _announce_faults() -> None:
+    """$PACKFEED_FAULTS checked before anything starts, and said loudly: a drill, not a bug."""
+    from packfeed.service import faults
+
+    planned = faults.configured()
+    if planned:
+        names = ", ".join(f"{p}:{at}" + ("" if rank is None else f"@{rank}") + f":{action}" for p, at, rank, action in planned)
+        logging.getLogger("packfeed").warning("fault injection on ($%s): %s", faults.FAULTS_ENV, names)
 
 
 @contextlib.contextmanager

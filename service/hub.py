@@ -44,6 +44,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 from packfeed.client.rows import PackedRows, concat_rows, select_rows
+from packfeed.service import faults
 
 logger = logging.getLogger("packfeed")
 
@@ -415,6 +416,8 @@ class RowHub:
             next_row, last_window = first_row, None
             for w, rows in reader:
                 if w != last_window:  # a window's rows may come in several blocks
+                    if last_window is not None:
+                        faults.point("reader-window", last_window)  # between two windows
                     self.manifest.record(w, next_row)
                     last_window = w
                 if rows.num_rows == 0:

@@ -37,6 +37,7 @@ import ray
 from packfeed.client.rows import PackedRows
 from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.config import DataConfig
+from packfeed.service import faults
 from packfeed.service.plan import StreamPlan
 from packfeed.service.raycluster import stopping_block_prefetchers
 from packfeed.service.stats import RunStats, WindowStats
@@ -48,7 +49,8 @@ PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.fi
 class WindowActor:
     """Ray Data callable class: a window number in, that window's packed rows out."""
 
-    def __init__(self, config: DataConfig, plan: StreamPlan, threads: int) -> None:
+    def __init__(self, config: DataConfig, plan: StreamPlan, threads: int, faults_env: dict | None = None) -> None:
+        faults.adopt(faults_env)  # the driver's $PACKFEED_FAULTS (Ray started this process before it was set)
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
@@ -71,6 +73,7 @@ class WindowActor:
 
         tables = []
         for k in batch["window"]:
+            faults.point("packer-window", int(k))
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
             self.metrics.record(stats, self.source_names)
             tables.append(window_table(int(k), rows, stats))
@@ -164,7 +167,7 @@ class PackingPipeline:
             [{"window": k} for k in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
             WindowActor,
-            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker))),
+            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker)), faults.environment()),
             batch_size=1,
             batch_format="numpy",
             compute=compute,

@@ -22,6 +22,7 @@ packing restarts. Kill points are drawn from a seeded RNG ($PACKFEED_FAILURE_SEE
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -36,6 +37,7 @@ from pathlib import Path
 import grpc
 import pytest
 from packfeed.client.stream import PackedStream
+from packfeed.service.faults import FAULTS_ENV
 from serve_support import DEMO_SAMPLES, REPO, ServerProcess, demo_args
 from stream_client import row_records
 
@@ -211,49 +213,51 @@ def ref(served) -> Reference:
 
 
 @pytest.mark.timeout(420)
-def test_server_sigkill_mid_stream_then_restart_delivers_every_sample_once(server, ref):
-    """Two ranks mid-stream; the server (and its Ray) SIGKILLed, started again on the same
-    port and state dir; the ranks reconnect by themselves and finish: exactly once, same rows."""
+def test_server_killed_mid_stream_then_restarted_delivers_every_sample_once(server, ref, caplog):
+    """Two ranks mid-stream; the server SIGKILLs itself once it has sent row R (fault injection:
+    no drain, its Ray gone with it), is started again on the same port and state dir, and the
+    ranks reconnect by themselves and finish: exactly once, the same rows.
+
+    The kill point is a row, not a moment: the ranks cannot have received rows the server never
+    sent, so they must reconnect to finish (the earlier version paused the ranks and killed the
+    server from the test; near the end of the stream the buffer had already sent them the rest,
+    and they finished without the restarted server)."""
     world, b = 2, 4
-    steps = -(-ref.total // (world * b))
-    rng = random.Random(SEED)
-    first = rng.randint(40, steps - 15)  # past the first windows: the resume must not start at 0
-    pause_at = [first, first + rng.randint(-3, 3)]  # ranks stopped a few steps apart
-
-    streams = [PackedStream(server.target, rank=r, world_size=world, batch_rows=b) for r in range(world)]
-    paused = [threading.Event() for _ in range(world)]
-    resume = threading.Event()
-
-    def hold(r: int):
-        def on_batch(n: int) -> None:
-            if n == pause_at[r]:
-                paused[r].set()
-                resume.wait(JOIN_S)
-        return on_batch
-
-    ranks = [Rank(streams[r], on_batch=hold(r)) for r in range(world)]
+    crash_row = random.Random(SEED).randint(ref.total // 4, ref.total - 3 * 128)  # >= 3 buffers before the end
+    server.kill()  # the module's server, started again with the fault armed
+    server.env[FAULTS_ENV] = f"serve-row:{crash_row}"
     try:
-        run_ranks(ranks)
-        for r in range(world):
-            assert paused[r].wait(JOIN_S), f"rank {r} never reached batch {pause_at[r]} (seed {SEED})"
-        cursors = [s.state_dict()["cursor"] for s in streams]
-        assert all(0 < c < ref.total for c in cursors), cursors  # both mid-stream
-        server.kill()
-        resume.set()  # the ranks run into the dead server and retry
-        before = server.log.stat().st_size
         server.start()
-        finish(ranks)
     finally:
-        resume.set()
+        del server.env[FAULTS_ENV]  # the restart below runs clean
+
+    streams = [PackedStream(server.target, rank=r, world_size=world, batch_rows=b, max_backoff_s=1.0)
+               for r in range(world)]
+    ranks = [Rank(streams[r]) for r in range(world)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="packfeed.client"):
+            run_ranks(ranks)
+            assert server.proc.wait(JOIN_S) == -signal.SIGKILL, server.tail()
+            assert f"fault injected at serve-row:{crash_row}: kill" in server.tail()
+            received = [len(rank.rows) + len(rank.padding) for rank in ranks]
+            server.kill()  # what is left of its process groups, as a crashed container's
+            before = server.log.stat().st_size
+            server.start()
+            finish(ranks)
+    finally:
         close_all(streams)
 
+    assert sum(received) < ref.total, "the ranks had not received the whole stream when the server died"
     assert [s.reconnects > 0 for s in streams] == [True, True], "each rank reconnected by itself"
+    for rank in range(world):
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"rank {rank}: ")]
+        assert any("is unavailable" in m for m in said) and any("reconnected to" in m for m in said), said
     for rank in ranks:
         assert_steps(rank.steps, first_step=0, cursor=0, per_step=world * b, total=ref.total)
     assert_exactly_once(ranks[0].rows + ranks[1].rows, ranks[0].padding + ranks[1].padding, ref)
     # The manifest the killed server left in the state dir sends packing to a later window.
     starts = packing_starts(log_between(server, before))
-    assert any(w > 0 and row > 0 for w, row in starts), (cursors, starts)
+    assert any(w > 0 and row > 0 for w, row in starts), starts
 
 
 @pytest.mark.timeout(300)
