@@ -19,6 +19,8 @@ another world size or batch size (the cursor is a step boundary of the global st
 A background thread keeps ``prefetch`` batches ready. When the server goes away (restart,
 SIGTERM, a dropped connection) it reconnects with exponential backoff and resumes from the
 cursor of the last batch it received; it gives up after ``retry_timeout_s`` without progress.
+The ``packfeed.client`` logger warns when retrying starts (with the status the server gave)
+and again once the stream is back (after how long, from which cursor).
 Errors that retrying cannot fix (bad token, bad request, another data config) are raised to
 the caller as ``StreamError`` with the server's status code and message.
 
@@ -28,6 +30,7 @@ grpcio, protobuf and numpy only.
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -52,6 +55,7 @@ from packfeed.client.transport import (
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, DecodedBatch, decode_batch_bytes
 
+logger = logging.getLogger("packfeed.client")
 STATE_VERSION = 1
 MAX_BATCH_ROWS = 1 << 16  # rows per batch a client may ask for at all (a server's own limit is lower)
 
@@ -202,6 +206,7 @@ class PackedStream:
         self._config_hash: str | None = state.get("config_hash")
         self._seq_len: int | None = state.get("seq_len")
         self.reconnects = 0  # times the stream was re-opened after a retryable error
+        self._outage: tuple[float, int] | None = None  # (when retrying started, tries) while the server is away
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -220,6 +225,7 @@ class PackedStream:
             response_deserializer=packfeed_pb2.StreamInfo.FromString,
         )
         info = self._retrying(lambda: call(packfeed_pb2.DescribeRequest(), metadata=self._metadata, timeout=30))
+        self._back(self._cursor)
         if info.wire_version != WIRE_VERSION:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
                               f"server speaks wire version {info.wire_version}, this client {WIRE_VERSION}")
@@ -354,6 +360,7 @@ class PackedStream:
             if self._stop.is_set():  # close() ran before the call existed: it could not cancel it
                 self._call.cancel()
             for decoded in self._call:
+                self._back(cursor)
                 if decoded.rows.num_rows != self.batch_rows or decoded.rows.seq_len != self._seq_len:
                     raise StreamError(grpc.StatusCode.DATA_LOSS, f"batch of shape {decoded.rows.input_ids.shape}, "
                                       f"expected [{self.batch_rows}, {self._seq_len}]")
@@ -404,4 +411,23 @@ class PackedStream:
                 delay = min(self.max_backoff_s, 0.05 * 2**tries) * random.uniform(0.5, 1.0)
                 tries += 1
                 self.reconnects += 1
+                self._away(code, exc.details() or "", progress())
                 self._stop.wait(delay)
+
+    def _away(self, code: grpc.StatusCode, details: str, cursor: Any) -> None:
+        """A retryable failure: the first of an outage is a warning, the rest are counted."""
+        if self._outage is None:
+            self._outage = (time.monotonic(), 1)
+            logger.warning("rank %d: %s is unavailable (%s: %s); retrying from cursor %s for up to %.0fs",
+                           self.rank, self.target, code.name, details, self._cursor if cursor is None else cursor,
+                           self.retry_timeout_s)
+        else:
+            self._outage = (self._outage[0], self._outage[1] + 1)
+
+    def _back(self, cursor: int) -> None:
+        """The server answered again after an outage: say so once."""
+        if self._outage is not None:
+            since, tries = self._outage
+            self._outage = None
+            logger.warning("rank %d: reconnected to %s after %.1fs (%d retr%s), resuming at cursor %d", self.rank,
+                           self.target, time.monotonic() - since, tries, "y" if tries == 1 else "ies", cursor)

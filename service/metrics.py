@@ -11,6 +11,7 @@ rows_served_total                     counter  real rows handed to consumers (pa
 batches_sent_total                    counter  PackedBatch messages sent
 bytes_sent_total                      counter  bytes of those messages
 streams                               gauge    StreamBatches calls open now
+auth_refused_total{reason}            counter  calls refused for a missing or wrong bearer token
 consumer_lag_rows{consumer}           gauge    rows the reader is ahead of each reading consumer
 buffer_rows / buffer_capacity_rows    gauge    rows held for the consumers, and the bound
 reader_position_rows                  gauge    rows the main reader has produced (stream position)
@@ -50,6 +51,11 @@ class ServeCollector:
         yield _counter("batches_sent", "PackedBatch messages sent", self.service.batches_sent)
         yield _counter("bytes_sent", "bytes of PackedBatch messages sent", self.service.bytes_sent)
         yield _gauge("streams", "StreamBatches calls open now", self.service.streams)
+        refused = CounterMetricFamily(PREFIX + "auth_refused", "calls refused for a missing or wrong token",
+                                      labels=["reason"])
+        for reason, count in sorted(self.service.auth_refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
         lag = GaugeMetricFamily(PREFIX + "consumer_lag_rows", "rows the reader is ahead of each reading consumer",
                                 labels=["consumer"])
         for cid, rows in sorted(snap["lags"].items()):

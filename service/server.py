@@ -16,7 +16,9 @@ server. Every stream is logged when it opens and when it ends (rank, world size,
 batches sent, why it ended).
 
 A bearer token, when set, is checked on every call, these two included (an interceptor,
-constant-time comparison). ``drain()`` is the graceful stop: health NOT_SERVING, every call
+constant-time comparison). Refused calls are counted by reason (``auth_refused``, the
+``packfeed_auth_refused_total`` metric) and logged as warnings with the caller's address, at
+most one line every 10 s (a client stuck on an old token must not flood the log). ``drain()`` is the graceful stop: health NOT_SERVING, every call
 finishes the batch it is sending and ends with UNAVAILABLE (clients retry from their cursor).
 
 Status codes: UNAUTHENTICATED (token), INVALID_ARGUMENT (request fields or a malformed
@@ -30,6 +32,8 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+import time
+from collections import Counter
 from concurrent import futures
 from typing import Callable, Iterator
 
@@ -48,12 +52,14 @@ from packfeed.client.transport import (
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
+from packfeed.service import faults
 from packfeed.service.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
 from packfeed.service.errors import root_cause
 from packfeed.service.hub import ConsumerGone, HubClosed, RowHub
 from packfeed.service.streams import StreamSource
 
 logger = logging.getLogger("packfeed")
+AUTH_LOG_INTERVAL_S = 10.0  # at most one line about refused calls this often
 
 
 class PackFeedService:
@@ -65,6 +71,20 @@ class PackFeedService:
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
         self.bytes_sent = 0
+        self.auth_refused: Counter = Counter()  # reason ("missing token", "wrong token") -> calls refused
+        self._refusals_unlogged, self._refusal_logged_at = 0, float("-inf")
+
+    def refused(self, reason: str, method: str, peer: str) -> None:
+        """A call refused by the token check: counted; logged at most every 10 s."""
+        with self._lock:
+            self.auth_refused[reason] += 1
+            now = time.monotonic()
+            if now - self._refusal_logged_at < AUTH_LOG_INTERVAL_S:
+                self._refusals_unlogged += 1
+                return
+            unlogged, self._refusals_unlogged, self._refusal_logged_at = self._refusals_unlogged, 0, now
+        logger.warning("refused %s from %s: %s%s", method, peer, reason,
+                       f" ({unlogged} more refused since the last such line)" if unlogged else "")
 
     def describe(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         _parse(packfeed_pb2.DescribeRequest, request, context)
@@ -143,6 +163,9 @@ class PackFeedService:
                     wanted = step_rows(rank, world, b, cursor, step, total)
                 rows, padding = fill_batch(real, wanted, seq_len, pad_id)
                 yield encode_batch(rows, cursor=wanted.cursor, padding_rows=padding, step=step).SerializeToString()
+                for row in faults.armed("serve-row"):
+                    if row in wanted.rows:
+                        faults.point("serve-row", row)
                 step += 1
 
     def _check(self, req: packfeed_pb2.StreamRequest, context: grpc.ServicerContext) -> None:
@@ -193,10 +216,12 @@ def _parse(message_type, data: bytes, context: grpc.ServicerContext):
 
 
 class BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call without ``authorization: Bearer <token>`` (UNAUTHENTICATED)."""
+    """Refuses every call without ``authorization: Bearer <token>`` (UNAUTHENTICATED) and
+    reports each refusal to ``on_refused(reason, method, peer)``."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, on_refused: Callable[[str, str, str], None] = lambda *_: None) -> None:
         self._expected = f"Bearer {token}".encode()
+        self._on_refused = on_refused
 
     def intercept_service(self, continuation, handler_call_details):
         got = dict(handler_call_details.invocation_metadata or ()).get(AUTH_HEADER)
@@ -205,13 +230,21 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         reason = "missing bearer token" if got is None else "wrong bearer token"
         # Unknown methods are refused the same way: no token, no hint of which methods exist.
         handler = continuation(handler_call_details) or grpc.unary_unary_rpc_method_handler(None)
-        return _deny(handler, f"{reason}: pass the server's token (PackedStream(token=...) or ${TOKEN_ENV})")
+        method = handler_call_details.method
+
+        def refuse(context: grpc.ServicerContext) -> None:
+            self._on_refused(reason, method, context.peer())
+
+        return _deny(handler, f"{reason}: pass the server's token (PackedStream(token=...) or ${TOKEN_ENV})", refuse)
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that only answers UNAUTHENTICATED."""
+def _deny(handler: grpc.RpcMethodHandler, message: str,
+          before: Callable[[grpc.ServicerContext], None]) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that only answers UNAUTHENTICATED (after
+    ``before(context)``: the peer is known only inside the call)."""
 
     def abort(request, context):
+        before(context)
         context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     kinds: dict[tuple[bool, bool], Callable] = {
@@ -242,7 +275,7 @@ def build_server(
     max_send = batch_message_limit(service.max_batch_rows, service.meta.seq_len)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_consumers + 16, thread_name_prefix="packfeed-rpc"),
-        interceptors=[BearerTokenInterceptor(token)] if token else [],
+        interceptors=[BearerTokenInterceptor(token, service.refused)] if token else [],
         options=[*channel_options(max_receive=MAX_REQUEST_BYTES, max_send=max_send), ("grpc.so_reuseport", 0)],
     )
     server.add_generic_rpc_handlers(

@@ -7,31 +7,15 @@ bound. A metrics port that is taken is refused at start-up, naming the flag.
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 from packfeed.client.stream import PackedStream
-from serve_support import DEMO_SAMPLES, REPO, ServerProcess, demo_args
+from serve_support import DEMO_SAMPLES, METRICS, REPO, ServerProcess, demo_args, scrape
 
 pytestmark = pytest.mark.integration
-
-METRICS = re.compile(r"metrics on :(\d+)")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """name{labels} -> value of every packfeed_ sample on the endpoint."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("packfeed_"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
 
 def total(samples: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in samples.items() if k.split("{")[0] == prefix)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import socket
 import ssl
 import subprocess
@@ -37,7 +38,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import MAX_REQUEST_BYTES, SERVICE_NAME, TOKEN_ENV
 from packfeed.client.v1 import packfeed_pb2
-from serve_support import REPO, ServerProcess, demo_args
+from serve_support import METRICS, REPO, ServerProcess, demo_args, scrape
 from tls_fixtures import self_signed_cert
 
 pytestmark = pytest.mark.integration
@@ -65,7 +66,7 @@ def server(tmp_path_factory, certs):
     args = demo_args(seq_len=SEQ_LEN, extra=(
         "--auth-token-file", str(token_file),
         "--tls-cert", str(certs["cert"]), "--tls-key", str(certs["key"]),
-        "--buffer-rows", str(BUFFER_ROWS), "--max-batch-rows", str(MAX_BATCH_ROWS),
+        "--buffer-rows", str(BUFFER_ROWS), "--max-batch-rows", str(MAX_BATCH_ROWS), "--metrics-port", "0",
     ))
     # The server's token comes from the file only: no $PACKFEED_AUTH_TOKEN from the caller's env.
     proc = ServerProcess(args, log=root / "server.log", state_dir=root / "state",
@@ -178,6 +179,24 @@ def test_every_rpc_refuses_a_missing_or_wrong_token(channel, metadata):
     with pytest.raises(grpc.RpcError) as listing:
         reflection_services(channel, metadata)
     assert listing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_refused_calls_are_counted_by_reason_and_logged_with_the_caller(server, channel):
+    port = int(METRICS.search(server.log.read_text()).group(1))
+    refused = "packfeed_auth_refused_total{{reason=\"{}\"}}"
+    before = scrape(port)
+    for metadata in ((), (), bearer("wrong-token"), bearer("wrong-token"), bearer("wrong-token")):
+        assert describe(channel, metadata)[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert describe(channel)[0] == OK  # a good call is not counted
+    after = scrape(port)
+    for reason, calls in (("missing bearer token", 2), ("wrong bearer token", 3)):
+        key = refused.format(reason)
+        assert after.get(key, 0) - before.get(key, 0) == calls, (reason, before, after)
+    log = server.log.read_text()
+    # one line per 10 s at most: the first refusal of this module's run is the one logged
+    assert re.search(r"refused /packfeed\.v1\.PackFeed/\w+ from ipv4:127\.0\.0\.1:\d+: (missing|wrong) bearer token",
+                     log), log[-2000:]
+    assert TOKEN not in log and "wrong-token" not in log, "no token, right or wrong, is ever logged"
 
 
 def test_every_rpc_works_with_the_token(channel):
