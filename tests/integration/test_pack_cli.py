@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 from packfeed.client.rows import IGNORE_INDEX, check_rows
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
+from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
 from packfeed.service.writer import read_packed_dir
 
 pytestmark = pytest.mark.integration
@@ -186,6 +187,23 @@ def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_clust
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
     assert not np.array_equal(a.sample_ids, c.sample_ids), "another seed gives another order"
     assert sorted(a.sample_ids[a.sample_ids >= 0]) == sorted(c.sample_ids[c.sample_ids >= 0]) == sorted(good)
+
+
+def test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same(ray_cluster, corpus, tmp_path, monkeypatch):
+    """Fault injection: the actor that starts window 2 dies (os._exit, as an OOM kill would end
+    it); Ray Data restarts it and runs the window again. The output is the clean run's."""
+    inputs, good, _ = corpus
+    clean = _pack(inputs, tmp_path / "clean", "--window-samples", "50", "--num-workers", "1")
+    monkeypatch.setenv(FAULTS_ENV, "packer-window:2:exit")
+    monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))  # once: the restarted actor packs it
+    crashed = _pack(inputs, tmp_path / "crashed", "--window-samples", "50", "--num-workers", "1")
+    assert (tmp_path / "drill" / "packer-window-2-any.fired").exists(), "the actor did die at window 2"
+    a, b = read_packed_dir(tmp_path / "clean"), read_packed_dir(tmp_path / "crashed")
+    for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert sorted(b.sample_ids[b.sample_ids >= 0]) == sorted(good)
+    assert {k: crashed[k] for k in ("rows", "samples_read", "samples_packed", "skipped", "windows")} == \
+        {k: clean[k] for k in ("rows", "samples_read", "samples_packed", "skipped", "windows")}
 
 
 def test_strict_mode_names_file_and_row(ray_cluster, corpus, tmp_path, capsys):

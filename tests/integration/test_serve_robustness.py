@@ -35,6 +35,7 @@ from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import SERVICE_NAME
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import decode_batch_bytes
+from packfeed.service.faults import FAULTS_ENV
 from serve_support import CORPUS, REPO, TOKENIZER, GroupWatch, ServerProcess, alive_in, demo_args, kill_groups
 
 pytestmark = pytest.mark.integration
@@ -286,6 +287,22 @@ def test_more_cpus_per_worker_than_any_node_has_fails_fast(tmp_path, command):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "packing actors: 1 x (64 CPU) do not fit" in proc.stderr and "largest node 2" in proc.stderr
     assert "Traceback" not in proc.stderr and time.monotonic() - start < 90
+
+
+# -- a failure inside the pipeline ------------------------------------------------------------------
+
+
+def test_a_failed_reader_under_exit_on_failure_exits_1_saying_why(tmp_path):
+    """Fault injection: the reader fails between windows 1 and 2. With --exit-on-failure the
+    server drains and exits 1, and its log says why (no silent non-zero exit)."""
+    server = ServerProcess(demo_args(window_samples=250, extra=("--exit-on-failure",)), log=tmp_path / "serve.log",
+                           state_dir=tmp_path / "state", env={**ENV, FAULTS_ENV: "reader-window:1"})
+    with server:
+        code = server.proc.wait(120)  # a first run starts packing at once: no consumer needed
+    log = server.tail(6000)
+    assert code == 1, log
+    assert "the pipeline failed, NOT_SERVING from now on: FaultInjected: fault injected at reader-window:1" in log
+    assert "draining (the pipeline failed)" in log and "packfeed serve: stopped" in log
 
 
 # -- pack under SIGTERM, and the token's reach -------------------------------------------------------
