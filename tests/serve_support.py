@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
@@ -128,6 +130,18 @@ def kill_groups(groups: set[int]) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+@contextlib.contextmanager
+def busy_cpus(count: int = 2) -> Iterator[None]:
+    """``count`` processes spinning a core each while the block runs: a shared CI machine."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait(30)
 
 
 class ServerProcess:

@@ -16,7 +16,8 @@ checks the contract of client/stream.py over everything the consumers processed:
 
 The servers keep a small row buffer (``--buffer-rows 128``, about one window) so that a
 resume needs rows the server no longer holds and the manifest in ``--state-dir`` decides where
-packing restarts. Kill points are drawn from a seeded RNG ($PACKFEED_FAILURE_SEED to sweep).
+packing restarts. Kill points are drawn from a seeded RNG ($PACKFEED_FAILURE_SEED to sweep);
+the server's is a row where it kills itself (``$PACKFEED_FAULTS=serve-row:R``), not a moment.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import grpc
 import pytest
 from packfeed.client.stream import PackedStream
 from packfeed.service.faults import FAULTS_ENV
-from serve_support import DEMO_SAMPLES, REPO, ServerProcess, demo_args
+from serve_support import DEMO_SAMPLES, REPO, ServerProcess, busy_cpus, demo_args
 from stream_client import row_records
 
 pytestmark = pytest.mark.integration
@@ -214,9 +215,9 @@ def ref(served) -> Reference:
 
 @pytest.mark.timeout(420)
 def test_server_killed_mid_stream_then_restarted_delivers_every_sample_once(server, ref, caplog):
-    """Two ranks mid-stream; the server SIGKILLs itself once it has sent row R (fault injection:
-    no drain, its Ray gone with it), is started again on the same port and state dir, and the
-    ranks reconnect by themselves and finish: exactly once, the same rows.
+    """Two ranks mid-stream, both cores busy; the server SIGKILLs itself once it has sent row R
+    (fault injection: no drain, its Ray gone with it), is started again on the same port and
+    state dir, and the ranks reconnect by themselves and finish: exactly once, the same rows.
 
     The kill point is a row, not a moment: the ranks cannot have received rows the server never
     sent, so they must reconnect to finish (the earlier version paused the ranks and killed the
@@ -235,7 +236,8 @@ def test_server_killed_mid_stream_then_restarted_delivers_every_sample_once(serv
                for r in range(world)]
     ranks = [Rank(streams[r]) for r in range(world)]
     try:
-        with caplog.at_level(logging.WARNING, logger="packfeed.client"):
+        # both cores kept busy throughout: the kill point is a row, so the outcome cannot depend on timing
+        with caplog.at_level(logging.WARNING, logger="packfeed.client"), busy_cpus(2):
             run_ranks(ranks)
             assert server.proc.wait(JOIN_S) == -signal.SIGKILL, server.tail()
             assert f"fault injected at serve-row:{crash_row}: kill" in server.tail()

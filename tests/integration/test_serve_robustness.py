@@ -2,8 +2,10 @@
 peeking at cursor 0, readers restarted over and over, more streams than allowed, idle clients,
 and start-up mistakes. Real servers on 127.0.0.1, each with its own embedded Ray.
 
-* 20 SIGTERMs at random points of an active stream (two servers at a time): every one exits 0
-  after its drain, and no process of the server's process group (its embedded Ray) is left.
+* SIGTERMs at random points of an active stream (two servers at a time; to the server, and to
+  its whole process group as Ctrl-C sends it; on a quiet machine and with both cores kept busy):
+  every one exits 0 after its drain, and no process of the server or its embedded Ray is left.
+  ``tests/stress/serve_sigterm.py`` runs the same 100 times (not in CI).
 * A reader's time over the whole stream with a peeker every 2 s (open at cursor 0, one batch,
   cancel) stays within 1.5x of its time alone; both get exactly their rows.
 * Reader restarts (a lone consumer jumping between the ends of the stream) leave no actor
@@ -36,18 +38,28 @@ from packfeed.client.transport import SERVICE_NAME
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import decode_batch_bytes
 from packfeed.service.faults import FAULTS_ENV
-from serve_support import CORPUS, REPO, TOKENIZER, GroupWatch, ServerProcess, alive_in, demo_args, kill_groups
+from serve_support import (
+    CORPUS,
+    REPO,
+    TOKENIZER,
+    GroupWatch,
+    ServerProcess,
+    alive_in,
+    busy_cpus,
+    demo_args,
+    kill_groups,
+)
 
 pytestmark = pytest.mark.integration
 
 SEED = int(os.environ.get("PACKFEED_FAILURE_SEED", "1729"))
-SIGTERMS = int(os.environ.get("PACKFEED_SIGTERMS", "20"))
+SIGTERMS = int(os.environ.get("PACKFEED_SIGTERMS", "4"))  # per load; the stress script runs 100
 ENV = {"RAY_ADDRESS": ""}
 
 
-def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], str]:
-    """Start a server, stream from it, SIGTERM after ``delay`` s: (exit status, seconds to
-    exit, processes of its group still alive 2 s later, the log's tail)."""
+def sigterm_once(directory: Path, delay: float, to_group: bool) -> tuple[int, float, list[str], str]:
+    """Start a server, stream from it, SIGTERM after ``delay`` s to it or to its process group:
+    (exit status, seconds to exit, its or its Ray's processes alive 5 s later, the log's tail)."""
     directory.mkdir(parents=True, exist_ok=True)
     server = ServerProcess(demo_args(window_samples=250, extra=("--buffer-rows", "128")), log=directory / "serve.log",
                            state_dir=directory / "state", env=ENV)
@@ -69,7 +81,11 @@ def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], 
     time.sleep(delay)
     start = time.monotonic()
     try:
-        code = server.terminate(120)
+        if to_group:
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        else:
+            server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(120)
     finally:
         done.set()
     took = time.monotonic() - start
@@ -80,16 +96,19 @@ def sigterm_once(directory: Path, delay: float) -> tuple[int, float, list[str], 
 
 
 @pytest.mark.timeout(600)
-def test_sigterm_at_any_point_exits_0_and_leaves_no_process(tmp_path):
-    rng = random.Random(SEED)
+@pytest.mark.parametrize("busy", [False, True], ids=["quiet", "busy-cpus"])
+def test_sigterm_at_any_point_exits_0_and_leaves_no_process(tmp_path, busy):
+    rng = random.Random(SEED + busy)
     delays = [rng.uniform(0.0, 3.0) for _ in range(SIGTERMS)]  # actors starting, first windows, streaming
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda i: sigterm_once(tmp_path / f"run{i}", delays[i]), range(SIGTERMS)))
+    with busy_cpus(2 if busy else 0), ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda i: sigterm_once(tmp_path / f"run{i}", delays[i], to_group=i % 2 == 1),
+                                range(SIGTERMS)))
     for i, (code, took, left, tail) in enumerate(results):
-        assert code == 0, f"SIGTERM {i} after {delays[i]:.1f}s: exit {code}\n{tail}"
+        assert code == 0, f"SIGTERM {i} (to the {'group' if i % 2 else 'server'}) after {delays[i]:.1f}s: exit {code}\n{tail}"
         assert not left, f"SIGTERM {i}: processes left: {left}"
         assert "packfeed serve: stopped" in tail
-    assert sum(took < 30 for _, took, _, _ in results) == SIGTERMS, [round(r[1], 1) for r in results]
+    limit = 60 if busy else 30  # a drain never waits out a timer (one waited 30 s for a status line)
+    assert all(took < limit for _, took, _, _ in results), [round(r[1], 1) for r in results]
 
 
 @pytest.mark.timeout(300)

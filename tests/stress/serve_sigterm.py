@@ -31,12 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: serve_support
 
 from packfeed.client.stream import PackedStream, StreamError  # noqa: E402
-from serve_support import CORPUS, TOKENIZER, GroupWatch, ServerProcess, kill_groups  # noqa: E402
-
-
-def busy_loops(count: int) -> list[subprocess.Popen]:
-    """``count`` processes spinning a core each, until killed."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+from serve_support import CORPUS, TOKENIZER, GroupWatch, ServerProcess, busy_cpus, kill_groups  # noqa: E402
 
 
 def nine_files(root: Path) -> list[str]:
@@ -100,7 +95,6 @@ def main() -> int:
     targets = [rng.randint(300, 2000) for _ in range(args.runs)]
     root = args.keep or Path(tempfile.mkdtemp(prefix="packfeed-sigterm-"))
     inputs = nine_files(root / "corpus")
-    hogs = busy_loops(2) if args.busy else []
     failures = []
     started = time.monotonic()
 
@@ -112,12 +106,8 @@ def main() -> int:
         if not ok:
             failures.append((i, code, tail))
 
-    try:
-        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-            list(pool.map(run, range(args.runs)))
-    finally:
-        for hog in hogs:
-            hog.kill()
+    with busy_cpus(2 if args.busy else 0), ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        list(pool.map(run, range(args.runs)))
     for i, code, tail in failures:
         print(f"\n--- run {i}: exit {code}, log tail ---\n{tail}")
     print(f"\n{args.runs - len(failures)} passed, {len(failures)} failed "
