@@ -6,8 +6,9 @@
 The same samples (a FLAN-like length mix, ``synthetic_lengths("flan")``, random token ids),
 the same number of samples per optimizer step and the same initial weights for all three:
 
-* packed: the step's samples packed by packfeed (best-fit decreasing into rows of
-  ``--seq-len``, ``assemble_rows``) and fed through ``to_model_inputs`` (block-causal, no mask);
+* packed: the step's samples packed by packfeed (``pack``'s default strategy, exactfit, into
+  rows of ``--seq-len``, ``assemble_rows``) and fed through ``to_model_inputs`` (block-causal,
+  no mask);
 * padded: the step's samples padded to the longest of them, with an ``attention_mask``;
 * flattening: transformers' ``DataCollatorWithFlattening`` (one [1, total] row with restarting
   ``position_ids``; with the flash kwargs on CUDA).
@@ -15,9 +16,11 @@ the same number of samples per optimizer step and the same initial weights for a
 Timed: forward + backward + AdamW step, after warm-up steps, ``--repeats`` passes over the
 same ``--steps`` steps, methods interleaved in each pass, the minimum pass kept. Real
 tokens/s counts sample tokens only (no padding). Peak memory: on CUDA
-``torch.cuda.max_memory_allocated`` per method; on CPU torch has no allocator statistics, so
-each method runs its steps again in a fresh process and the peak RSS growth over the
-process's RSS before its first step is reported (weights, gradients, AdamW state, activations).
+``torch.cuda.max_memory_allocated`` over the method's warm-up steps, less what was allocated
+before them, plus the method's own weights (the three models share the GPU); on CPU torch has
+no allocator statistics, so each method runs its steps again in a fresh process and the peak
+RSS growth over the process's RSS before its first step is reported (weights, gradients, AdamW
+state, activations).
 
 On CPU the lengths are scaled by ``--length-scale`` (0.125: medians ~5 / 44 / 310 tokens) so
 a small model finishes in minutes; attention is SDPA with the dense masks transformers builds
@@ -248,12 +251,17 @@ def main(argv=None) -> int:
     peak_cuda = {}
     for m in METHODS:
         if args.device == "cuda":
+            # All three models (and the AdamW state of the methods warmed up before) share the
+            # GPU: count this method's weights plus what its steps allocate on top of that.
+            sync(args)
+            held = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
         for inputs in batches[m][:warm]:
             train_step(models[m], optimizers[m], inputs, args)
         sync(args)
         if args.device == "cuda":
-            peak_cuda[m] = torch.cuda.max_memory_allocated()
+            own = sum(t.numel() * t.element_size() for t in (*models[m].parameters(), *models[m].buffers()))
+            peak_cuda[m] = torch.cuda.max_memory_allocated() - held + own
     best = {m: float("inf") for m in METHODS}
     for _ in range(args.repeats):
         for m in METHODS:
