@@ -24,6 +24,11 @@ STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
 MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (hub.Manifest), under --output
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
+FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
+# Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
+# renamed to FINAL_DIR, so a final/ that exists is complete.
+FINAL_PARTIAL = ".final.partial"
+FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in FINAL_DIR
 
 
 def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:

@@ -5,7 +5,8 @@
 
 The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pack``),
 ``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.config``); the data flags
-of ``packfeed pack`` and the flags below override it.
+of ``packfeed pack`` and the flags below override it. SIGTERM or SIGINT stop the run after a
+checkpoint (exit 143 / 130; ``packfeed.trainer.run``): continue it with ``--resume``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="checkpoints, metrics.jsonl, loss.png, final/ (default: [output] dir, else runs/train)")
     mode = o.add_mutually_exclusive_group()
     mode.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
-                      help="continue from the latest checkpoint in --output; `--resume auto`: continue if there is "
-                           "one, else start (a job that may be retried or re-applied)")
+                      help="continue from the latest checkpoint in --output (a finished run is left as it is, exit 0); "
+                           "`--resume auto`: continue if there is one, else start (a job that may be retried or "
+                           "re-applied)")
     mode.add_argument("--overwrite", action="store_true", help="discard a previous run in --output")
 
 

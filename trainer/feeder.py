@@ -14,6 +14,12 @@ The resume record is the client's: ``PackedStream.state_dict()``-style ``{"versi
 step), plus the manifest of window first rows (``hub.Manifest``), so a resumed run packs from
 the window holding the cursor, not from the start, also with another world size or batch size.
 
+Stopping: ``request_stop()`` (the driver, on SIGTERM/SIGINT) fixes the stop step at one past
+the highest step any rank has asked for so far; ``get_step`` answers ``STOP`` for that step and
+every later one and rows for every earlier one, so all ranks finish the steps they may already
+hold and stop after the same step (a rank that stopped alone would hang the others in DDP's
+collectives).
+
 Cost: every row passes through this actor once (one copy into the object store per
 micro-batch: ~0.4 MB for 8 rows of 4096 tokens); a request blocks only until the packers have
 produced the step's rows. The actor asks for no CPU.
@@ -22,6 +28,7 @@ produced the step's rows. The actor asks for no CPU.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,8 @@ from packfeed.service.assign import check_request, fill_batch, num_steps, split_
 from packfeed.service.hub import Manifest, OpenReader, RowHub
 
 logger = logging.getLogger(__name__)
+
+STOP = "stop"  # get_step's answer from the stop step on (request_stop)
 
 
 class RowFeeder:
@@ -73,12 +82,22 @@ class RowFeeder:
         self._consumers = [self.hub.consumer() for _ in range(world_size)]
         self._stats = stats  # the pipeline's RunStats, read at the end (None in tests)
         self._started = time.perf_counter()
+        # The actor answers several ranks at once (max_concurrency): the highest step asked for
+        # and the stop step change together, under this lock.
+        self._lock = threading.Lock()
+        self._highest = self.first_step - 1  # the highest step any rank has asked for
+        self._stop_step: int | None = None
 
-    def get_step(self, rank: int, step: int) -> list[PackedRows] | None:
+    def get_step(self, rank: int, step: int) -> list[PackedRows] | str | None:
         """Rank ``rank``'s micro-batches of global ``step`` (each exactly ``micro_rows`` rows,
-        padding included), or None when the stream ended before this step."""
+        padding included), None when the stream ended before this step, or ``STOP`` when the
+        run stops before this step (``request_stop``)."""
         if step < self.first_step:
             raise ValueError(f"step {step} is before this run's first step {self.first_step}")
+        with self._lock:
+            if self._stop_step is not None and step >= self._stop_step:
+                return STOP
+            self._highest = max(self._highest, step)
         s = step - self.first_step
         total = self.hub.total_rows
         if total is not None and s >= num_steps(self.world_size, self.batch_rows, self.cursor0, total):
@@ -91,6 +110,16 @@ class RowFeeder:
             wanted = step_rows(rank, self.world_size, self.batch_rows, self.cursor0, s, total)
         rows, _ = fill_batch(real, wanted, self.seq_len, self.pad_id)
         return split_micro_batches(rows, self.grad_accum)
+
+    def request_stop(self) -> int:
+        """Stop the run as soon as every rank can: returns the stop step, the count of completed
+        steps every rank stops at (the same for all: one past the highest step any rank has asked
+        for, so no rank is refused a step another one may already train). Asking again returns
+        the same step."""
+        with self._lock:
+            if self._stop_step is None:
+                self._stop_step = self._highest + 1
+            return self._stop_step
 
     def state(self, step: int) -> dict:
         """The resume record after global ``step`` (1-based count of completed steps)."""

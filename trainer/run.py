@@ -11,7 +11,14 @@ same rows for the same steps.
 
 ``train(run, output=...)`` returns the summary dict and writes, under ``output``:
 ``metrics.jsonl``, ``loss.png``, ``summary.json``, Ray Train's checkpoints under ``ray/``,
-and the final model under ``final/`` (``from_pretrained`` loads it, with the tokenizer).
+and the final model under ``final/`` (``from_pretrained`` loads it, with the tokenizer), which
+appears whole or not at all (written aside, then renamed).
+
+SIGTERM or SIGINT stop a run in order (``trainer/stopping.py``): ``trainer.fit()`` runs in a
+thread while the main thread waits in short slices; the first signal asks the feeder to stop
+every rank after the same step, the ranks checkpoint it, the driver says where it stopped and
+raises ``Terminated`` / ``KeyboardInterrupt`` (the CLI exits 143 / 130); a second signal ends
+the run at once.
 """
 
 from __future__ import annotations
@@ -19,17 +26,31 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from packfeed.service import faults
 from packfeed.service.stats import run_failure
-from packfeed.trainer.checkpoint import MANIFEST_FILE, RUN_NAME, latest_checkpoint, read_state
+from packfeed.trainer.checkpoint import (
+    FINAL_DIR,
+    FINAL_PARTIAL,
+    FINAL_STATE,
+    MANIFEST_FILE,
+    RUN_NAME,
+    latest_checkpoint,
+    read_state,
+)
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import RowFeeder
 from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
+from packfeed.trainer.stopping import StopSignals
 
 logger = logging.getLogger(__name__)
+
+FINAL_OLD = ".final.old"  # the previous final/ while a new one takes its place
+WAIT_SLICE_S = 0.2  # how long the main thread waits at a time for fit(): the delay of a signal
 
 
 def train(run: RunConfig, *, output: Path, address: str | None = None, resume: bool | str = False,
@@ -39,14 +60,26 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     Raises ValueError when ``output`` already holds a run and neither ``resume`` (continue
     from its latest checkpoint, on exactly the rows an uninterrupted run would see next;
     ``"auto"``: if there is one, else start) nor ``overwrite`` (start again) is given. Everything that can be checked before Ray starts
-    (output, plan, tokenizer) is checked first.
+    (output, plan, tokenizer) is checked first. A resume of a finished run (its checkpoint at
+    the last step, or its data used up) says so, changes nothing and returns its summary.
+
+    SIGTERM or SIGINT stop the run after the step every rank can reach, checkpointed (no
+    ``final/``); then the driver says where it stopped and how to continue, writes the summary
+    (marked ``stopped``) and raises ``Terminated`` (SIGTERM) or ``KeyboardInterrupt`` (SIGINT).
+    A second signal, or one before training starts, raises at once.
     """
+    with StopSignals() as signals:
+        return _train(run, output=Path(output).resolve(), address=address, resume=resume, overwrite=overwrite,
+                      signals=signals)
+
+
+def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | str, overwrite: bool,
+           signals: StopSignals) -> dict[str, Any]:
     from packfeed.service.plan import build_plan
     from packfeed.service.raycluster import init_ray
     from packfeed.service.tokenize import load_tokenizer
     from packfeed.service.writer import packed_dir_info
 
-    output = Path(output).resolve()
     resume_from, clear_previous = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
@@ -61,11 +94,37 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
         source = ("pipeline", build_plan(run.data))
     if state is not None:
         check_resume(state, run, packed=packed, plan=source[1] if source[0] == "pipeline" else None)
+        done = finished(state, run)
+        if done is not None:
+            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", output, done[0], resume_from, done[1])
+            return _saved_summary(output, state)
         print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
               flush=True)
+    signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
+    signals.check()
     return _fit(run, source, tokenizer, output=output, resume_from=resume_from, state=state,
-                clear_previous=clear_previous)
+                clear_previous=clear_previous, signals=signals)
+
+
+def finished(state: dict, run: RunConfig) -> tuple[str, str] | None:
+    """(why, what would train on) when the run whose latest checkpoint holds ``state`` has nothing
+    left to train: the checkpoint is at the run's last step, or its stream cursor at the stream's
+    end; else None."""
+    step, last = int(state["step"]), run.train.last_step
+    if step >= last:
+        knob = "--max-steps" if last == run.train.max_steps else "--stop-at-step"
+        return f"it trained step {step} of {last}", f"raise {knob} to train on, or pass --overwrite to start again"
+    total = (state.get("manifest") or {}).get("total_rows")
+    if total is not None and state["stream"]["cursor"] >= total:
+        return f"its data ran out at step {step} ({total:,} rows)", "pass --overwrite to start again"
+    return None
+
+
+def _saved_summary(output: Path, state: dict) -> dict[str, Any]:
+    """The summary a finished run wrote (``{"steps": ...}`` of its checkpoint when it has none)."""
+    path = output / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {"steps": int(state["step"])}
 
 
 def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any) -> None:
@@ -106,7 +165,7 @@ def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> Non
 
 
 def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_from: Path | None,
-         state: dict | None, clear_previous=None) -> dict[str, Any]:
+         state: dict | None, signals: StopSignals, clear_previous=None) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
     from ray.train import RunConfig as RayRunConfig
@@ -119,15 +178,18 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
     placement = check_placement(run.scaling, use_gpu=use_gpu)
+    signals.check()  # a stop asked until now leaves the previous run as it was
     if clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
         clear_previous()
     output.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(output / FINAL_PARTIAL, ignore_errors=True)  # a run cut short while writing it
     (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
     world = run.scaling.num_workers
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
         run.data, source, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
+        faults_env=faults.environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=tokenizer.pad_id,
         state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
@@ -137,7 +199,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
         train_loop_config={
             "run": run.to_dict(), "feeder": feeder, "output": str(output),
             "resume_from": str(resume_from) if resume_from else None,
-            "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size,
+            "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size, "faults": faults.environment(),
         },
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=use_gpu,
@@ -158,22 +220,24 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
           f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
           f"steps {start_step}->{run.train.last_step} -> {output}", flush=True)
+    signals.check()
     started = time.perf_counter()
-    trainer.fit()
+    _fit_until_done_or_stopped(trainer, feeder, signals, start_step)
     packing = ray.get(feeder.packing_stats.remote())
     total_rows = ray.get(feeder.total_rows.remote())
     ray.kill(feeder)
 
-    tokenizer.tokenizer.save_pretrained(output / "final")
     records = read_jsonl(output / "metrics.jsonl")
     summary = summarize(records)
     summary["wall_seconds"] = time.perf_counter() - started
     summary["packing"] = {k: packing.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
     if packing.get("sources"):
         summary["packing"]["sources"] = packing["sources"]
-    final_step = json.loads((output / "final" / "packfeed_state.json").read_text())["step"]
-    summary["final_step"] = final_step
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
+    if signals.requested and not (output / FINAL_PARTIAL / FINAL_STATE).exists():
+        _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
+    final_step = _publish_final(output, tokenizer)
+    summary["final_step"] = final_step
     if final_step < run.train.last_step:
         summary["stopped_early"] = (
             f"data exhausted at step {final_step} of {run.train.last_step} ({total_rows:,} rows in "
@@ -181,7 +245,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
             "raise [data] epochs (or lower max_steps)"
         )
         print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
-    summary["final_model"] = str(output / "final")
+    summary["final_model"] = str(output / FINAL_DIR)
     if records:
         plot_loss(records, output / "loss.png")
     # the windows this run's reader packed (none: a packed directory, or a finished run resumed)
@@ -192,7 +256,84 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     print(format_summary(summary), flush=True)
     if failure is not None:
         raise ValueError(failure)
+    if signals.requested:
+        logger.info("%s came as the run ended: it is complete (%s)", signals.name, output / FINAL_DIR)
+        raise signals.exception()
     return summary
+
+
+def _fit_until_done_or_stopped(trainer: Any, feeder: Any, signals: StopSignals, start_step: int) -> None:
+    """``trainer.fit()`` in a thread; re-raises what it raised. The main thread waits in short
+    slices, so a signal's handler runs at once (Python runs handlers in the main thread only, and
+    a signal the kernel gives another thread does not wake the main thread's wait). The first
+    signal asks the feeder to stop every rank after the same step, and the wait goes on while
+    they checkpoint it; a second raises at once (the CLI's Ray shutdown then ends the workers,
+    without a checkpoint), and so does the first when no rank has asked for a step yet (nothing
+    to finish: no need to wait for the workers to start). Run in a thread, fit() also leaves
+    SIGINT to us: Ray Train installs its own handler (an abort, no checkpoint) only when fit()
+    runs in the main thread."""
+    import ray
+
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # the main thread raises it
+            failure.append(exc)
+
+    # a daemon: after a second signal nothing waits for it (Ray's shutdown ends its ray.get)
+    thread = threading.Thread(target=fit, name="packfeed-train-fit", daemon=True)
+    thread.start()
+    stop_asked = False
+    while thread.is_alive():
+        thread.join(WAIT_SLICE_S)
+        if signals.urgent:
+            logger.info("%s again: stopping now, without checkpointing the steps since the last checkpoint",
+                        signals.name)
+            raise signals.exception()
+        if signals.requested and not stop_asked:
+            stop_asked = True
+            step = ray.get(feeder.request_stop.remote())
+            if step == start_step:
+                again = "continue with `packfeed train ... --resume`" if step else "start it again with --resume auto"
+                logger.info("%s: stopped before step %d, nothing trained; %s", signals.name, step + 1, again)
+                raise signals.exception()
+            logger.info("%s: stopping after step %d (the steps in flight finish, then a checkpoint); a second signal "
+                        "stops at once", signals.name, step)
+    if failure:
+        raise failure[0]
+
+
+def _stopped(run: RunConfig, output: Path, summary: dict[str, Any], records: list, signals: StopSignals) -> NoReturn:
+    """A run stopped by a signal: write what is true (the summary marked ``stopped``, the loss
+    curve), say where it stopped and how to continue, and raise the signal's exception."""
+    checkpoint = latest_checkpoint(output)  # the stop step's: every rank trained at least one step
+    step = int(read_state(checkpoint)["step"])
+    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": str(checkpoint)}
+    if records:
+        plot_loss(records, output / "loss.png")
+    (output / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(format_summary(summary), flush=True)
+    logger.info("stopped at step %d of %d (%s): checkpoint %s; continue with `packfeed train ... --resume` (the same "
+                "config and --output)", step, run.train.last_step, signals.name, checkpoint)
+    raise signals.exception()
+
+
+def _publish_final(output: Path, tokenizer: Any) -> int:
+    """Complete the final model the workers wrote aside (``FINAL_PARTIAL``) with the tokenizer
+    and rename it to ``final/``, so a ``final/`` that exists is whole; returns its step count.
+    A previous ``final/`` (a run stopped at ``stop_at_step``, resumed) is renamed away first:
+    deleted in place, it would be half a model for a while."""
+    partial, final, old = output / FINAL_PARTIAL, output / FINAL_DIR, output / FINAL_OLD
+    step = int(json.loads((partial / FINAL_STATE).read_text())["step"])
+    tokenizer.tokenizer.save_pretrained(partial)
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    partial.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return step
 
 
 class StreamFeeder(RowFeeder):
@@ -200,13 +341,14 @@ class StreamFeeder(RowFeeder):
     of the data config (``("pipeline", plan)``) or a packed directory (``("packed", path, info)``)."""
 
     def __init__(self, config: Any, source: tuple, scaling: Any, *, output: str, state: dict | None,
-                 saved_manifest: dict | None, pad_id: int, **layout: Any) -> None:
+                 saved_manifest: dict | None, pad_id: int, faults_env: dict | None = None, **layout: Any) -> None:
         from packfeed.service.raycluster import quiet_ray
         from packfeed.service.streams import packed_dir_source, pipeline_source
         from packfeed.service.tokenize import load_tokenizer
         from packfeed.trainer.feeder import load_manifest
 
         quiet_ray()
+        faults.adopt(faults_env)
         if source[0] == "pipeline":
             tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                        backend=config.tokenizer_backend)
@@ -231,10 +373,18 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("data wait", f"{summary.get('mean_data_wait', 0):.1%}"),
         ("packing efficiency", f"{(packing.get('efficiency') or 0):.1%} ({packing.get('rows') or 0:,} rows packed)"),
         ("wall time", f"{summary.get('wall_seconds', 0):.1f} s"),
-        ("final model", summary.get("final_model", "")),
+        _outcome(summary),
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def _outcome(summary: dict[str, Any]) -> tuple[str, str]:
+    """The summary's last line: the final model, or where a stopped run can continue from."""
+    stopped = summary.get("stopped")
+    if stopped is None:
+        return "final model", summary.get("final_model", "")
+    return "stopped", f"by {stopped['signal']} at step {stopped['step']}: resume from {stopped['checkpoint']}"
 
 
 def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool):
@@ -259,7 +409,8 @@ def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool):
         raise ValueError(f"{output} already holds a training run: pass --resume to continue it or --overwrite")
 
     def clear() -> None:
-        for name in (RUN_NAME, "final", "rows", "metrics.jsonl", "summary.json", "loss.png", MANIFEST_FILE):
+        for name in (RUN_NAME, FINAL_DIR, FINAL_PARTIAL, FINAL_OLD, "rows", "metrics.jsonl", "summary.json", "loss.png",
+                     MANIFEST_FILE):
             path = output / name
             if path.is_dir():
                 shutil.rmtree(path)

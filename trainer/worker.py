@@ -8,7 +8,12 @@ requested, so packing overlaps compute; padding rows already fill the last step)
 ``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP).
 Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
 every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
-(rank 0 with the checkpoint). At the end rank 0 saves the model to ``<output>/final``.
+(rank 0 with the checkpoint). At the end rank 0 saves the model into ``<output>/.final.partial``,
+which the driver completes with the tokenizer and renames to ``final/``.
+
+When the driver stops the run (SIGTERM, SIGINT), the feeder answers ``STOP`` for the same step
+on every rank: each rank checkpoints the steps it completed (unless that step was just
+checkpointed) and returns without a final model.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +29,10 @@ from typing import Any
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
-from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
+from packfeed.service import faults
+from packfeed.trainer.checkpoint import FINAL_PARTIAL, FINAL_STATE, load_checkpoint, save_checkpoint
 from packfeed.trainer.config import RunConfig
+from packfeed.trainer.feeder import STOP
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model import build_model, flops_per_token
 from packfeed.trainer.optim import build_optimizer
@@ -40,6 +48,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train.torch
     import torch
 
+    faults.adopt(config.get("faults"))
     run = RunConfig.from_dict(config["run"])
     train, seq_len = run.train, run.data.seq_len
     ctx = ray.train.get_context()
@@ -73,17 +82,18 @@ def train_loop_per_worker(config: dict) -> None:
     pending = feeder.get_step.remote(rank, step) if step < last else None
     window = MetricsWindow()
     lr = float(optimizer.param_groups[0]["lr"])
-    reported = -1
+    reported, stopped = -1, False
     while step < last:
         wait_start = time.perf_counter()
         rows = ray.get(pending)
         wait = time.perf_counter() - wait_start
-        if rows is None:
-            # The stream ended: every rank sees it at the same step.
+        if rows is None or rows == STOP:
+            # The stream ended, or the driver stops the run: every rank sees it at the same step.
             if window.steps:
                 _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
                      device=device, flops_per_token=fpt, peak_total=peak_total)
-            if rank == 0:
+            stopped = rows == STOP
+            if rank == 0 and not stopped:
                 logger.warning("stopped_early: data exhausted at step %d of %d", step, last)
             break
         if step + 1 < last:
@@ -108,12 +118,20 @@ def train_loop_per_worker(config: dict) -> None:
         if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
             _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=result.loss)
             reported = step
+        faults.point("train-step", step, rank=rank)
     if step > start_step and reported != step:
-        # The stream ended before the last step: checkpoint where the run stopped.
+        # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
         _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=float("nan"))
-    if rank == 0:
-        model.save_pretrained(output / "final")
-        (output / "final" / "packfeed_state.json").write_text(json.dumps({"step": step}))
+    if rank == 0 and not stopped:
+        _save_final_model(model, output / FINAL_PARTIAL, step)
+
+
+def _save_final_model(model: Any, directory: Path, step: int) -> None:
+    """The final model into ``directory`` (emptied first: a group restarted by Ray Train may have
+    left half a model there), ``FINAL_STATE`` last: it says the model is whole."""
+    shutil.rmtree(directory, ignore_errors=True)
+    model.save_pretrained(directory)
+    (directory / FINAL_STATE).write_text(json.dumps({"step": step}))
 
 
 def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: Path, max_steps: int, device: Any,

@@ -5,10 +5,13 @@ global index) through the same RowHub as the server. Checked: every row exactly 
 world size with the k mod N rule and the tail padded; a resume from ``state(step)`` serves
 exactly the rows an uninterrupted run serves, also with another world size or batch size; a
 restarted rank that asks an earlier step again gets the same rows (Ray Train's restart after a
-worker died); the state record is the client's ``state_dict()`` format.
+worker died); the state record is the client's ``state_dict()`` format; a stop (SIGTERM to the
+driver) ends every rank after the same step, whichever steps the ranks had asked for.
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -17,7 +20,7 @@ from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.client.stream import STATE_VERSION
 from packfeed.service.assign import num_steps
 from packfeed.service.hub import Manifest
-from packfeed.trainer.feeder import RowFeeder
+from packfeed.trainer.feeder import STOP, RowFeeder
 
 SEQ_LEN, PAD_ID, HASH = 4, 0, "cafe"
 # Rows per window, in stream order; window 2 is empty (every sample dropped).
@@ -121,3 +124,59 @@ def test_state_caps_the_cursor_at_the_end_and_refuses_another_stream():
     assert f.state(3)["stream"]["cursor"] == TOTAL
     with pytest.raises(ValueError, match="data config"):
         feeder(2, 1, 1, state={"version": STATE_VERSION, "cursor": 4, "step": 1, "config_hash": "other", "seq_len": 4})
+
+
+def test_a_stop_ends_every_rank_after_the_same_step_whichever_steps_they_asked_for():
+    """Ranks ask one step ahead, and not in step: the stop lands one past the highest step asked,
+    so every rank still gets the rows of every step below it (the same rows as without a stop)
+    and STOP from it on: all stop with the same completed-step count."""
+    f, plain = feeder(3, 1, 2), served(feeder(3, 1, 2), 0, 3)
+    asked = {0: 3, 1: 2, 2: 1}  # rank 0 holds steps 0-2, rank 1 steps 0-1, rank 2 step 0
+    for rank, steps in asked.items():
+        for step in range(steps):
+            assert f.get_step(rank, step) not in (None, STOP)
+    assert f.request_stop() == 3
+    assert f.request_stop() == 3, "asking again moves nothing"
+    for rank, steps in asked.items():
+        rows = served_rank(f, rank, steps, 3)
+        assert rows == {step: plain[(step, rank)] for step in range(steps, 3)}, "below the stop: rows, as before"
+        assert f.get_step(rank, 3) == STOP and f.get_step(rank, 4) == STOP
+    assert f.state(3)["stream"]["cursor"] == 3 * 3 * 2, "the checkpoint of the stop step resumes after it"
+
+
+def test_a_stop_before_any_step_stops_every_rank_at_the_first_step():
+    f = feeder(2, 1, 2, state=feeder(2, 1, 2).state(2)["stream"])  # a resumed run, first step 2
+    assert f.request_stop() == 2
+    assert [f.get_step(rank, 2) for rank in range(2)] == [STOP, STOP]
+
+
+def test_a_step_being_fetched_when_the_stop_comes_is_still_served():
+    """The feeder answers ranks concurrently: a request waiting for its rows has counted as
+    asked, so the stop cannot fall below it (that rank would train a step the others skip)."""
+    opened, gate = threading.Event(), threading.Event()
+
+    def gated_reader(window: int, first_row: int):
+        opened.set()
+        gate.wait(30)
+        yield from open_reader(window, first_row)
+
+    f = RowFeeder(gated_reader, Manifest("synthetic"), world_size=2, grad_accum=1, micro_rows=2, seq_len=SEQ_LEN,
+                  pad_id=PAD_ID, config_hash=HASH, capacity=128)
+    got = {}
+    waiting = threading.Thread(target=lambda: got.setdefault("rows", f.get_step(0, 0)))
+    waiting.start()
+    assert opened.wait(30), "rank 0's request reached the reader"
+    assert f.request_stop() == 1
+    gate.set()
+    waiting.join(30)
+    assert got["rows"] not in (None, STOP) and f.get_step(1, 0) not in (None, STOP)
+    assert f.get_step(0, 1) == STOP and f.get_step(1, 1) == STOP
+
+
+def served_rank(f: RowFeeder, rank: int, first: int, last: int) -> dict:
+    """step -> the global rows rank ``rank`` got (as ``served``)."""
+    out = {}
+    for step in range(first, last):
+        out[step] = [int(m.input_ids[r, 0]) - 1 if m.row_sample_ids(r)[0] != PAD_SAMPLE_ID else -1
+                     for m in f.get_step(rank, step) for r in range(m.num_rows)]
+    return out

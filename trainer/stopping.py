@@ -1,0 +1,77 @@
+"""SIGTERM and SIGINT during ``packfeed train``: the first stops the run in order, a second at once.
+
+``ray job stop`` and Kubernetes send SIGTERM (Ray's job supervisor SIGKILLs the driver
+``RAY_JOB_STOP_WAIT_TIME_S`` later), a terminal's Ctrl-C sends SIGINT. The driver's main thread
+must see them at once, but it cannot act inside Ray: an exception raised by a handler while the
+thread is inside Ray's Cython ``ray.get`` comes out as ``SystemError: ... returned a result with
+an exception set``. So ``StopSignals`` handlers raise only while the driver runs plain Python
+(before Ray starts); from ``defer()`` on they record the signal, and the driver acts on it where
+it can: ``check()`` between its steps, and its wait for ``trainer.fit()`` (run in another thread)
+asks the feeder for an orderly stop on the first signal and gives up on the second (``urgent``).
+
+The stop ends the run with the exception the CLI maps to the signal's exit status:
+``Terminated`` (SIGTERM, 143) or ``KeyboardInterrupt`` (SIGINT, 130).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from packfeed.service.raycluster import Terminated
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """Context manager: SIGTERM/SIGINT handlers of the main thread for its duration (the previous
+    ones come back on exit). In another thread it installs nothing (Python allows handlers in
+    the main thread only) and no signal is ever seen."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._deferred = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signum)
+        if not self._deferred:
+            raise self.exception()
+
+    def defer(self) -> None:
+        """From now on the main thread may be inside Ray: signals are recorded, never raised."""
+        self._deferred = True
+
+    @property
+    def requested(self) -> bool:
+        """A signal arrived: stop in order."""
+        return bool(self.received)
+
+    @property
+    def urgent(self) -> bool:
+        """A second signal arrived: stop at once."""
+        return len(self.received) > 1
+
+    @property
+    def name(self) -> str:
+        """The first signal's name (SIGTERM, SIGINT)."""
+        return signal.Signals(self.received[0]).name
+
+    def exception(self) -> BaseException:
+        """What ends the run after the first signal: the CLI exits 143 (SIGTERM) or 130 (SIGINT)."""
+        return KeyboardInterrupt() if self.received[0] == signal.SIGINT else Terminated(self.name)
+
+    def check(self) -> None:
+        """Raise ``exception()`` when a signal has arrived (between the driver's steps)."""
+        if self.received:
+            raise self.exception()
