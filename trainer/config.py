@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from packfeed.service.config import DataConfig
+from packfeed.service.hub import PIECE_ROWS
 from packfeed.service.placement import check_resources, check_selector
 
 PRECISIONS = ("auto", "fp32", "bf16")
+MIN_FEEDER_BUFFER_ROWS = 2 * PIECE_ROWS  # the hub's smallest buffer
 TINY_PREFIX = "tiny-"
 
 
@@ -65,7 +67,9 @@ class TrainConfig:
     it at tens of steps or more. ``stop_at_step`` ends this run early without changing the
     schedule (a planned interruption: resume later with ``--resume``). ``max_failures``: how
     many times Ray Train restarts the worker group from the latest checkpoint after a worker
-    dies (0: the run fails instead).
+    dies (0: the run fails instead). ``feeder_buffer_rows``: rows the feeder keeps for the ranks
+    (its memory bound; 0: max(2048, 4 x the rows of a step)); a restarted group that needs rows
+    it no longer holds gets them packed again from the window holding them.
     """
 
     max_steps: int = 100
@@ -85,12 +89,16 @@ class TrainConfig:
     stop_at_step: int | None = None
     record_rows: bool = False
     max_failures: int = 1
+    feeder_buffer_rows: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "micro_batch_rows", "grad_accum", "log_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), minimum=1)
-        for name in ("warmup_steps", "checkpoint_every", "seed", "max_failures"):
+        for name in ("warmup_steps", "checkpoint_every", "seed", "max_failures", "feeder_buffer_rows"):
             _check_int(name, getattr(self, name), minimum=0)
+        if 0 < self.feeder_buffer_rows < MIN_FEEDER_BUFFER_ROWS:
+            raise ValueError(f"feeder_buffer_rows must be 0 (automatic) or >= {MIN_FEEDER_BUFFER_ROWS}, "
+                             f"got {self.feeder_buffer_rows}")
         if self.stop_at_step is not None:
             _check_int("stop_at_step", self.stop_at_step, minimum=1)
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
@@ -173,6 +181,18 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig = field(default_factory=lambda: TrainConfig())
     scaling: TrainScaling = field(default_factory=lambda: TrainScaling())
+
+    def __post_init__(self) -> None:
+        step = self.scaling.num_workers * self.train.grad_accum * self.train.micro_batch_rows
+        if self.train.feeder_buffer_rows and self.train.feeder_buffer_rows < 2 * step:
+            raise ValueError(f"feeder_buffer_rows {self.train.feeder_buffer_rows} holds less than two steps of "
+                             f"{step} rows (num_workers x grad_accum x micro_batch_rows): raise it to at least {2 * step}")
+
+    @property
+    def feeder_buffer_rows(self) -> int:
+        """The rows the feeder keeps: ``[train] feeder_buffer_rows``, else max(2048, 4 steps)."""
+        step = self.scaling.num_workers * self.train.grad_accum * self.train.micro_batch_rows
+        return self.train.feeder_buffer_rows or max(2048, 4 * step)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"data": self.data.to_dict()}

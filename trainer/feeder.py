@@ -138,10 +138,13 @@ class RowFeeder:
         return self.hub.total_rows
 
     def packing_stats(self) -> dict:
-        """Packing totals of the windows the reader has packed so far (empty in tests)."""
+        """Packing totals of the windows the reader has packed so far (empty in tests), and how
+        often the reader started (``reader_restarts``: once, plus once per jump to rows it no
+        longer held)."""
         if self._stats is None:
-            return {}
-        return self._stats.to_dict(seq_len=self.seq_len, seconds=time.perf_counter() - self._started)
+            return {"reader_restarts": self.hub.restarts}
+        stats = self._stats.to_dict(seq_len=self.seq_len, seconds=time.perf_counter() - self._started)
+        return {**stats, "reader_restarts": self.hub.restarts}
 
 
 def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:

@@ -190,7 +190,8 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     ).remote(
         run.data, source, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
         faults_env=faults.environment(),
-        grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=tokenizer.pad_id,
+        grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
+        pad_id=tokenizer.pad_id,
         state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
     ray.get(feeder.total_rows.remote())  # a feeder that cannot start fails here, as itself, not in every worker
@@ -234,6 +235,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     if packing.get("sources"):
         summary["packing"]["sources"] = packing["sources"]
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
+    summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >1: a restarted group needed rows evicted
     if signals.requested and not (output / FINAL_PARTIAL / FINAL_STATE).exists():
         _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
     final_step = _publish_final(output, tokenizer)

@@ -18,6 +18,8 @@ from packfeed.trainer.optim import lr_factor
         pytest.param({"precision": "fp16"}, "precision must be one of", id="bad-precision"),
         pytest.param({"betas": (0.9,)}, "betas must be two numbers", id="one-beta"),
         pytest.param({"grad_accum": 1.5}, "grad_accum must be an integer", id="fractional-accum"),
+        pytest.param({"feeder_buffer_rows": 64}, "feeder_buffer_rows must be 0 .automatic. or >= 128",
+                     id="feeder-buffer-below-the-hub's-least"),
     ],
 )
 def test_train_config_rejects(kwargs, match):
@@ -32,6 +34,19 @@ def test_model_and_scaling_reject():
         ModelConfig(name="Qwen/Qwen3-0.6B", overrides={"hidden_size": 8})
     with pytest.raises(ValueError, match="cpus_per_worker"):
         TrainScaling(cpus_per_worker=0)
+
+
+def test_the_feeder_buffer_holds_two_steps_or_is_automatic():
+    data = {"inputs": ["a.jsonl"], "tokenizer": "tok", "seq_len": 64}
+
+    def run(**train) -> RunConfig:  # 2 workers x 2 micro-batches x 64 rows: steps of 256 rows
+        return RunConfig.from_dict({"data": data, "model": {"name": "tiny-llama"},
+                                    "train": {"micro_batch_rows": 64, "grad_accum": 2, **train}})
+
+    assert run().feeder_buffer_rows == 2048 and run(grad_accum=16).feeder_buffer_rows == 4 * 2 * 16 * 64
+    assert run(feeder_buffer_rows=512).feeder_buffer_rows == 512
+    with pytest.raises(ValueError, match="feeder_buffer_rows 511 holds less than two steps of 256 rows"):
+        run(feeder_buffer_rows=511)
 
 
 def test_run_config_round_trip_and_unknown_keys():
