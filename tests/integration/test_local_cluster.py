@@ -1,8 +1,9 @@
 """A real `ray start` cluster on 127.0.0.1, started and stopped by the deploy/local scripts.
 
 `packfeed pack --address` joins it instead of starting its own Ray; `packfeed pack` submitted
-as a Ray job with a relative --output writes where it was submitted from; a short training run
-submitted with `ray job submit` (deploy/local/submit.sh) succeeds and writes a model that
+as a Ray job with a relative --output writes where it was submitted from; a training run
+submitted with `ray job submit` (deploy/local/submit.sh) and stopped by `ray job stop` ends
+STOPPED at a checkpoint, and submitted again with --resume finishes and writes a model that
 loads with `from_pretrained`; `packfeed serve` submitted the same way streams every sample to
 a client; status.sh prints a table; stop.sh leaves no process of the cluster and no port
 listening. Token authentication (on by default in Ray 2.60) is on. Another Ray (the session's
@@ -19,9 +20,20 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from train_support import (
+    SIGNAL_AT,
+    STEPS,
+    assert_stopped_at_checkpoint,
+    contract_rows,
+    steps_of_every_rank,
+    trained,
+    wait_for_step,
+    write_config,
+)
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 
@@ -86,21 +98,59 @@ def test_a_relative_output_of_a_job_lands_where_it_was_submitted(cluster_env, tm
     assert stats["samples_packed"] == 7500
 
 
-def test_ray_job_submit_trains_and_writes_the_model(cluster_env, tmp_path):
-    out = tmp_path / "job"
-    proc = subprocess.run(
-        ["bash", str(LOCAL / "submit.sh"), "--config", "examples/train_demo.toml", "--max-steps", "4",
-         "--output", str(out), "--overwrite"],
-        env=cluster_env, capture_output=True, text=True, timeout=500,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    log = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # Ray colours its CLI output
-    assert re.search(r"Job '[^']+' succeeded", log), log[-3000:]
+def test_ray_job_stop_checkpoints_and_a_resubmitted_resume_writes_the_model(cluster_env, tmp_path):
+    """A train job (deploy/local/submit.sh) stopped mid-run by `ray job stop` (SIGTERM to the
+    driver, SIGKILL RAY_JOB_STOP_WAIT_TIME_S later: 60 s here, from deploy/local/env.sh) ends
+    STOPPED after the driver's orderly stop, at a resumable checkpoint; the same job submitted
+    again with --resume trains to the end on the rows an uninterrupted run trains and writes a
+    model that loads with from_pretrained."""
+    config = write_config(tmp_path / "config")
+    output, job_id = tmp_path / "job", f"packfeed-train-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**cluster_env, "PACKFEED_NO_WAIT": "1", "PACKFEED_JOB_ID": job_id}
+    submit = subprocess.run(["bash", str(LOCAL / "submit.sh"), "--config", str(config), "--output", str(output)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert submit.returncode == 0, (submit.stdout + submit.stderr)[-3000:]
+    ray_cli = [str(REPO / ".venv" / "bin" / "ray"), "job"]
+    address = ["--address", f"http://127.0.0.1:{cluster_env['PACKFEED_DASHBOARD_PORT']}"]
+
+    def job(*args: str) -> str:
+        done = subprocess.run([*ray_cli, *args, *address, job_id], env=cluster_env, capture_output=True, text=True,
+                              timeout=180)
+        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+
+    checked = [time.monotonic()]
+
+    def running() -> bool:  # `ray job status` costs a CPU second: asked every 10 s
+        if time.monotonic() - checked[0] < 10:
+            return True
+        checked[0] = time.monotonic()
+        return not re.search(r"' (succeeded|failed|was stopped)", job("status"))  # the CLI's words for the ends
+
+    try:
+        signalled_at = wait_for_step(output, SIGNAL_AT, running)
+        started = time.monotonic()
+        job("stop")  # waits until the job has ended
+        stopped_in = time.monotonic() - started
+    finally:
+        job("stop", "--no-wait")  # a test that failed leaves no job running
+    assert f"Job '{job_id}' was stopped" in job("status"), "the job's status is STOPPED"
+    logs = job("logs")
+    assert "packfeed train: stopped by SIGTERM" in logs and "Traceback" not in logs, logs[-4000:]
+    assert stopped_in < 50, f"the driver stopped by itself, before Ray's SIGKILL (60 s): {stopped_in:.0f} s"
+    stop = assert_stopped_at_checkpoint(output, logs, "SIGTERM", signalled_at)
+
+    resumed = subprocess.run(["bash", str(LOCAL / "submit.sh"), "--config", str(config), "--output", str(output),
+                              "--resume"], env=cluster_env, capture_output=True, text=True, timeout=500)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", resumed.stdout + resumed.stderr)  # Ray colours its CLI output
+    assert resumed.returncode == 0 and re.search(r"Job '[^']+' succeeded", log), log[-3000:]
+    assert f"at step {stop}," in log
+    rows = trained(output)
+    assert sorted((s, r) for s, r, _ in rows) == steps_of_every_rank(STEPS)
+    assert all(indices == contract_rows(s, r) for s, r, indices in rows), "the rows of an uninterrupted run"
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    model = AutoModelForCausalLM.from_pretrained(output / "final")
     assert model.config.vocab_size > 0
-    assert sum(1 for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()) >= 1
 
 
 def test_serve_runs_as_a_ray_job_and_streams_every_sample(cluster_env, tmp_path):
