@@ -35,9 +35,9 @@ import pyarrow.compute as pc
 import ray
 
 from packfeed.client.rows import PackedRows
+from packfeed.service import faults
 from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.config import DataConfig
-from packfeed.service import faults
 from packfeed.service.plan import StreamPlan
 from packfeed.service.raycluster import stopping_block_prefetchers
 from packfeed.service.stats import RunStats, WindowStats

@@ -221,11 +221,11 @@ def _single_node_on_loopback() -> Iterator[None]:
 @contextlib.contextmanager
 def _own_process_group() -> Iterator[None]:
     """Every process an embedded Ray starts joins one process group of its own (the first one,
-    gcs_server, leads it; raylet's workers and agents inherit it).
+    gcs_server, leads it; raylet's agents inherit it; raylet gives each worker a group of its own).
 
     In the caller's group (Ray's default on Linux) a signal to that group, Ctrl-C's SIGINT or
     ``kill -TERM -PGID`` as a container runtime or a user sends it, also reached gcs_server,
-    raylet and the workers, killing Ray under the draining command: the driver then waited on
+    raylet and the agents, killing Ray under the draining command: the driver then waited on
     a dead GCS until Ray's 60 s reconnect limit ended it with exit 1 ("Failed to connect to GCS
     ... The program will terminate"), 2 of 8 SIGTERMs mid-stream. Apart, the signal reaches the
     command alone, and it shuts Ray down in order. A driver that dies still takes its Ray with it:
