@@ -85,3 +85,22 @@ def test_environment_travels_to_processes_ray_starts(monkeypatch):
     assert os.environ[FAULTS_ENV] == "packer-window:1"
     faults.adopt({})
     assert FAULTS_ENV not in os.environ
+
+
+def test_a_malformed_setting_is_a_one_line_error_before_anything_runs(monkeypatch, capsys):
+    from packfeed.service.cli import main
+
+    monkeypatch.setenv(FAULTS_ENV, "serve-row:12,train-stp:3")
+    assert main(["inspect", "no-such-dir"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["packfeed inspect: error: $PACKFEED_FAULTS: 'train-stp:3' is not POINT:N[@RANK][:ACTION] with "
+                   "POINT one of packer-window, reader-window, serve-row, train-step"], err
+
+
+def test_a_drill_is_announced(monkeypatch, capsys):
+    from packfeed.service.cli import main
+
+    monkeypatch.setenv(FAULTS_ENV, "train-step:3@1")
+    main(["inspect", "no-such-dir"])  # fails on its input: the announcement came first
+    assert capsys.readouterr().err.splitlines()[0] == \
+        "packfeed inspect: warning: fault injection on ($PACKFEED_FAULTS): train-step:3@1:exit"
