@@ -448,3 +448,13 @@ def test_serve_takes_token_and_tls_from_secrets_and_a_service_reaches_its_head()
     # that Kubernetes does not kill before
     stop_wait = int(yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
     assert args.grace_seconds < stop_wait < head["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+def test_a_stopped_train_job_has_the_time_to_checkpoint_before_any_kill():
+    """`ray job stop` SIGTERMs `packfeed train`, which finishes its step and checkpoints it; Ray
+    SIGKILLs the driver RAY_JOB_STOP_WAIT_TIME_S later (default 3 s: never enough), and the head
+    pod must outlive that wait."""
+    job = find("RayJob", "packfeed-train")
+    head = cluster_of(job)["headGroupSpec"]
+    stop_wait = int(yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
+    assert 60 <= stop_wait < head["template"]["spec"]["terminationGracePeriodSeconds"]
