@@ -29,15 +29,22 @@ STOPPED = re.compile(r"stopped at step (\d+) of (\d+) \((SIG\w+)\): checkpoint (
                      r"`packfeed train \.\.\. --resume`")
 
 
-def write_config(root: Path) -> Path:
-    """A run config on the first 100 lines of each bundled file, 3 epochs (~229 rows of 256)."""
+def corpus_head(root: Path, lines: int) -> list[str]:
+    """The first ``lines`` lines of each bundled corpus file, written under ``root``: the paths
+    (100 lines: ~100 rows of 256 tokens, so a run can use its data up)."""
     root.mkdir(parents=True, exist_ok=True)
-    inputs = []
+    paths = []
     for source in demo_corpus_paths():
         path = root / os.path.basename(source)
         with open(source) as f:
-            path.write_text("".join(itertools.islice(f, 100)))
-        inputs.append(str(path))
+            path.write_text("".join(itertools.islice(f, lines)))
+        paths.append(str(path))
+    return paths
+
+
+def write_config(root: Path) -> Path:
+    """A run config on the first 100 lines of each bundled file, 3 epochs (~229 rows of 256)."""
+    inputs = corpus_head(root, 100)
     path = root / "run.toml"
     path.write_text(f"""
 [data]

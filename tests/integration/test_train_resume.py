@@ -17,14 +17,13 @@ indices trained and the loss (fp32 CPU, to 1e-5):
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-import os
 import shutil
 
 import pytest
+from train_support import corpus_head
 
-from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
+from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.config import DataConfig
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
@@ -39,14 +38,7 @@ STEPS, INTERRUPT, KILL_AFTER = 6, 3, 4
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory) -> list[str]:
     """The first 100 lines of each bundled file: ~100 rows of 256 tokens, so data can run out."""
-    root = tmp_path_factory.mktemp("corpus")
-    paths = []
-    for source in demo_corpus_paths():
-        path = root / os.path.basename(source)
-        with open(source) as f:
-            path.write_text("".join(itertools.islice(f, 100)))
-        paths.append(str(path))
-    return paths
+    return corpus_head(tmp_path_factory.mktemp("corpus"), 100)
 
 
 @pytest.fixture(scope="module")
@@ -176,13 +168,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
     the same loss."""
     from packfeed.trainer.run import train
 
-    root = tmp_path_factory.mktemp("corpus300")
-    paths = []
-    for source in demo_corpus_paths():  # ~300 rows of 256 tokens: more than 14 steps and a buffer
-        path = root / os.path.basename(source)
-        with open(source) as f:
-            path.write_text("".join(itertools.islice(f, 300)))
-        paths.append(str(path))
+    paths = corpus_head(tmp_path_factory.mktemp("corpus300"), 300)  # ~300 rows: 14 steps and a buffer
     steps, crash, per_step = 14, 12, 16
     run = RunConfig(
         data=DataConfig.from_inputs(tuple(paths), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64),
