@@ -81,6 +81,10 @@ def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
         if rank == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.module.named_parameters()}
             torch.save({"grads": grads, "loss": result.loss, "tokens": result.trained_tokens}, out_file)
+        # Both ranks tear gloo down together: rank 1, done first, tore its side down while rank 0
+        # was still connected and aborted in gloo's teardown ("terminate called without an active
+        # exception", SIGABRT: 1 CI run in 4).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
