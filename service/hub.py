@@ -292,11 +292,12 @@ class RowHub:
                 "restarts": self.restarts, "catchup_windows": self.catchup_windows, "rows_served": self.rows_served,
             }  # fmt: skip
 
-    def start(self) -> None:
-        """Start reading from the beginning before any consumer asks (warms the pipeline up)."""
+    def start(self, row: int = 0) -> None:
+        """Start reading at the window holding ``row`` before any consumer asks (warms the
+        pipeline up while the consumers start)."""
         with self._cond:
             if self._reader is None and not self._closed:
-                self._restart_reader(0)
+                self._restart_reader(row)
 
     def drain(self) -> None:
         """Stop serving: every waiting and future request raises HubClosed."""

@@ -87,6 +87,9 @@ class RowFeeder:
         self._lock = threading.Lock()
         self._highest = self.first_step - 1  # the highest step any rank has asked for
         self._stop_step: int | None = None
+        # Pack while Ray Train starts its workers (seconds of process start and imports): the
+        # first step's rows are ready when the ranks first ask, not packed only then.
+        self.hub.start(self.cursor0)
 
     def get_step(self, rank: int, step: int) -> list[PackedRows] | str | None:
         """Rank ``rank``'s micro-batches of global ``step`` (each exactly ``micro_rows`` rows,

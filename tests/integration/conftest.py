@@ -6,8 +6,14 @@ unit tests check that a user error is the last line). Tests read what the driver
 """
 
 import logging
+import os
 
 import pytest
+
+# Ray Train's controller polls its workers every 2 s: a run's end, and a checkpoint's
+# registration, wait for the next poll. Every run of the suite polls every 0.25 s (set before
+# any Ray starts, so the controllers of embedded Rays and local clusters inherit it).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
 @pytest.fixture(scope="session")

@@ -180,3 +180,26 @@ def served_rank(f: RowFeeder, rank: int, first: int, last: int) -> dict:
         out[step] = [int(m.input_ids[r, 0]) - 1 if m.row_sample_ids(r)[0] != PAD_SAMPLE_ID else -1
                      for m in f.get_step(rank, step) for r in range(m.num_rows)]
     return out
+
+
+@pytest.mark.parametrize("cursor,window", [(0, 0), (6, 1), (15, 4), (20, 5)])
+def test_the_reader_starts_at_the_cursors_window_before_any_rank_asks(cursor, window):
+    """The ranks take seconds to start (processes, imports, the model): the feeder packs meanwhile."""
+    manifest = Manifest("synthetic")
+    for w, first in enumerate(np.concatenate(([0], np.cumsum(WINDOW_ROWS)))[:-1]):
+        manifest.record(w, int(first))
+    opened = threading.Event()
+    at: list[tuple[int, int]] = []
+
+    def recording_reader(w: int, first_row: int):
+        at.append((w, first_row))
+        opened.set()
+        yield from open_reader(w, first_row)
+
+    state = {"version": STATE_VERSION, "cursor": cursor, "step": 1, "config_hash": HASH, "seq_len": SEQ_LEN}
+    f = RowFeeder(recording_reader, manifest, world_size=1, grad_accum=1, micro_rows=1, seq_len=SEQ_LEN,
+                  pad_id=PAD_ID, config_hash=HASH, state=state, capacity=128)
+    assert opened.wait(10), "no rank asked, yet the reader started"
+    assert at == [(window, int(np.cumsum([0] + WINDOW_ROWS)[window]))]
+    assert served(f, 1, 2)[(1, 0)] == [cursor], "the first step's row, from the reader already running"
+    assert f.hub.restarts == 1, "the first request used the running reader"
