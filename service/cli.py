@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status. Ray started by the command is shut down
+    before returning; a Ray the caller had already initialised is left running."""
     prepare_ray_env()  # before anything imports Ray
+    callers_ray = _ray_initialised()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.command, args.debug)
     try:
@@ -82,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packfeed {args.command}: error: {message}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
     finally:
-        with _signals_ignored():  # a second SIGTERM or Ctrl-C must not cut the shutdown short
-            shutdown_ray()  # in order, before the interpreter's exit hooks run
+        if not callers_ray:
+            with _signals_ignored():  # a second SIGTERM or Ctrl-C must not cut the shutdown short
+                shutdown_ray()  # in order, before the interpreter's exit hooks run
+
+
+def _ray_initialised() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _announce_faults() -> None:

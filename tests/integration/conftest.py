@@ -20,13 +20,16 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 def ray_cluster():
     import ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=512 << 20,
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+    from packfeed.service.raycluster import agent_on_a_free_port
+
+    with agent_on_a_free_port():  # Ray's fixed port would slow every other Ray's start by 4 s
+        ray.init(
+            address="local",
+            num_cpus=2,
+            object_store_memory=512 << 20,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
     yield ray
     ray.shutdown()

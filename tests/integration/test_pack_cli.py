@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,12 @@ def corpus(tmp_path_factory) -> tuple[list[str], dict[int, dict], dict[int, str]
 def _pack(inputs, out: Path, *extra: str) -> dict:
     argv = ["pack", *inputs, "--tokenizer", demo_tokenizer_path(), "--seq-len", str(SEQ_LEN),
             "--output", str(out), "--validate", *extra]
+    import ray
+
+    cluster = ray.get_runtime_context().gcs_address
     assert main(argv) == 0
+    assert ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster, \
+        "the command left the caller's Ray running"
     return json.loads((out / ".packfeed" / "stats.json").read_text())
 
 
@@ -312,22 +318,36 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
     ``init_ray`` gets a working embedded Ray: the auth mode is set only while Ray can still
     read it, never half-way (a GCS wanting a token the driver does not send). Ray's single-node
     mode (loopback only) is the started Ray's, not left in the caller's environment, where a
-    later `ray start --address` (a worker node) would refuse to join."""
+    later `ray start --address` (a worker node) would refuse to join. Ray's dashboard agent
+    listens on a free port: here Ray's fixed one (52365) is taken, as by another Ray on the
+    machine, and the agent still answers (it used to retry for 3.5 s, then start without it)."""
     script = (
-        "import {first}, os\n"
+        "import {first}, os, urllib.request\n"
         "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
         "print(init_ray('local'))\n"
         "import ray\n"
         "print('a task returned', ray.get(ray.remote(lambda: 2).remote()))\n"
         "print('node', ray.util.get_node_ip_address())\n"
         "print('mode left', os.environ.get('RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'))\n"
+        "port = ray._private.worker.global_worker.node.dashboard_agent_listen_port\n"
+        "url = f'http://127.0.0.1:{{port}}/api/local_raylet_healthz'\n"
+        "print('agent', port, urllib.request.urlopen(url, timeout=10).status)\n"
         "shutdown_ray()\n"
     )
-    for first in ("ray", "packfeed.service.pipeline"):
-        out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
-                             timeout=180, cwd=tmp_path)  # fmt: skip
-        assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
-        assert "node 127.0.0.1" in out.stdout and "mode left None" in out.stdout, out.stdout
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 52365))
+        taken.listen()
+    except OSError:  # held already (another Ray on this machine): taken all the same
+        pass
+    with taken:
+        for first in ("ray", "packfeed.service.pipeline"):
+            out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
+                                 timeout=180, cwd=tmp_path)  # fmt: skip
+            assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
+            assert "node 127.0.0.1" in out.stdout and "mode left None" in out.stdout, out.stdout
+            agent = re.search(r"^agent (\d+) (\d+)$", out.stdout, re.M)
+            assert agent and agent.group(1) != "52365" and agent.group(2) == "200", out.stdout
 
 
 def test_no_ray_data_thread_outlives_its_reader_or_ray():
