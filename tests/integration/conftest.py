@@ -1,12 +1,15 @@
-"""Integration tests run against one real local Ray cluster per session (2 logical CPUs).
+"""Integration tests share one real local Ray (2 logical CPUs) in the pytest process.
 
-The cluster lives until the whole pytest session ends, so its workers' output is not sent to
-this process: a worker line printed late would land in a later test's captured stderr (the
-unit tests check that a user error is the last line). Tests read what the driver says.
+It starts at the first test that asks for it and is shut down after the last test of this
+directory, before any other test runs (unit tests must find no Ray). Its workers' output is
+not sent to this process: a worker line printed late would land in a later test's captured
+stderr (the CLI tests check that a user error is the last line). Tests read what the driver
+says. A command run in-process (``main([...])``) uses it and leaves it running.
 """
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -15,21 +18,31 @@ import pytest
 # any Ray starts, so the controllers of embedded Rays and local clusters inherit it).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
+HERE = Path(__file__).parent
 
-@pytest.fixture(scope="session")
+
+@pytest.fixture(scope="module")
 def ray_cluster():
     import ray
 
     from packfeed.service.raycluster import agent_on_a_free_port
 
-    with agent_on_a_free_port():  # Ray's fixed port would slow every other Ray's start by 4 s
-        ray.init(
-            address="local",
-            num_cpus=2,
-            object_store_memory=512 << 20,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-        )
-    yield ray
-    ray.shutdown()
+    if not ray.is_initialized():
+        with agent_on_a_free_port():  # Ray's fixed port would slow every other Ray's start by 4 s
+            ray.init(
+                address="local",
+                num_cpus=2,
+                object_store_memory=512 << 20,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
+    return ray
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The shared Ray ends when the next test is not one of this directory's (or none is)."""
+    if nextitem is None or HERE not in Path(nextitem.path).parents:
+        from packfeed.service.raycluster import shutdown_ray
+
+        shutdown_ray()
