@@ -500,10 +500,5 @@ def test_a_bad_sample_under_strict_is_a_clear_error_and_the_server_turns_not_ser
         with grpc.insecure_channel(server.target) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
         assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    # With --exit-on-failure the same failure ends the server (a job runner sees it): exit 1.
-    failing = ServerProcess([*args, "--exit-on-failure"], log=tmp_path / "exit.log", state_dir=tmp_path / "state2",
-                            env={"RAY_ADDRESS": ""})
-    with failing:
-        assert failing.proc.wait(120) == 1
-        log = failing.log.read_text()
-    assert "draining (the pipeline failed)" in log and "broken.jsonl" in log
+    # With --exit-on-failure a failed pipeline ends the server with exit 1 and its reason:
+    # test_serve_robustness.py::test_a_failed_reader_under_exit_on_failure_exits_1_saying_why.
