@@ -13,12 +13,13 @@ A config is a mixture of sources (``[[data.sources]]`` in a TOML file, see docs/
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from packfeed.service.mixture import check_share
 
@@ -121,6 +122,13 @@ class DataConfig:
             raise ValueError(f"source names must be unique, {dup} appear more than once: set `name` on each source")
         weighted = [s.weight is not None for s in sources]
         if any(weighted) and not all(weighted):
+            repeated = [s.name for s in sources if s.repeat is not None]
+            if repeated:
+                raise ValueError(
+                    f"sources {repeated} set repeat and {[s.name for s in sources if s.weight is not None]} weight: "
+                    "use one or the other on every source (repeat: passes per epoch; weight: shares of "
+                    "samples_per_epoch)"
+                )
             missing = [s.name for s, w in zip(sources, weighted) if not w]
             raise ValueError(f"sources {missing} have no weight: with weights, every source needs one (or use repeat everywhere)")
         if all(weighted) and self.samples_per_epoch is None:
@@ -183,10 +191,7 @@ class DataConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DataConfig":
         """From a config file's [data] table (``inputs`` or ``sources``), with clear errors."""
-        known = {f.name for f in dataclasses.fields(cls)} | {"inputs"}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown data config keys {unknown}; known keys: {sorted(known)}")
+        cls.check_keys(d)
         d = dict(d)
         if "inputs" in d and "sources" in d:
             raise ValueError("give inputs or sources, not both")
@@ -200,6 +205,13 @@ class DataConfig:
         if "inputs" in d:
             return cls.from_inputs(d.pop("inputs"), **d)
         return cls(**d)
+
+    @classmethod
+    def check_keys(cls, d: Mapping[str, Any]) -> None:
+        """ValueError naming the keys of a [data] table that are not config fields (``source``
+        for ``sources``, from a ``[[data.source]]`` typo), each with the key it is closest to.
+        Called before any other check, so a typo is named, not reported as what it left missing."""
+        check_known_keys("unknown data config keys", d, {f.name for f in dataclasses.fields(cls)} | {"inputs"})
 
     def config_hash(self) -> str:
         """Stable hex digest of every field the stream depends on (not ``UNHASHED`` ones)."""
@@ -239,10 +251,7 @@ def _source_from_dict(d: Any, index: int, taken: Sequence[str]) -> SourceConfig:
     if not isinstance(d, Mapping):
         raise ValueError(f"[[data.sources]] entry {index} must be a table, got {type(d).__name__}")
     label = repr(d.get("name")) if d.get("name") else f"#{index + 1}"
-    known = {f.name for f in dataclasses.fields(SourceConfig)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"source {label}: unknown keys {unknown}; known keys: {sorted(known)}")
+    check_known_keys(f"source {label}: unknown keys", d, {f.name for f in dataclasses.fields(SourceConfig)})
     if "paths" not in d:
         raise ValueError(f"source {label}: missing `paths` (files, directories or globs)")
     paths = check_paths(f"source {label}: paths", [d["paths"]] if isinstance(d["paths"], str) else d["paths"])
@@ -251,6 +260,27 @@ def _source_from_dict(d: Any, index: int, taken: Sequence[str]) -> SourceConfig:
         name = default_source_name(paths)
         d["name"] = name if name not in taken else f"{name}-{index + 1}"
     return SourceConfig(**d)
+
+
+def check_known_keys(what: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """ValueError ``what`` (e.g. "unknown data config keys") for the keys ``given`` that are not
+    in ``known``, each with the known key it is closest to: ``unknown data config keys ['epoch']
+    (did you mean 'epochs'?); known keys: [...]``."""
+    known = sorted(known)
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    guesses = [(k, close_match(k, known)) for k in unknown]
+    hints = [f"{k!r} -> {m!r}" if len(unknown) > 1 else repr(m) for k, m in guesses if m]
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    raise ValueError(f"{what} {unknown}{hint}; known keys: {known}")
+
+
+def close_match(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The choice ``word`` is most likely a typo of (difflib's ratio >= ``cutoff``), or None:
+    ("epoch", [...]) -> "epochs"; ("source", [...]) -> "sources"; ("tiny-lama", [...]) -> "tiny-llama"."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

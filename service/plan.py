@@ -152,6 +152,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
     for an empty source or one that contributes nothing per epoch."""
     planned: list[tuple[Any, tuple[FileScan, ...], np.ndarray, int]] = []
     next_id = 0
+    owners: dict[str, list[str]] = {}  # real path -> the sources reading it
     for source in config.sources:
         block = source_block(config, source)
         stride = block if 0 < block <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
@@ -165,6 +166,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
             if scan.num_rows == 0:
                 logger.warning("input %s holds no rows", path)
                 continue
+            owners.setdefault(os.path.realpath(path), []).append(source.name)
             scans.append(scan)
             first_row += scan.num_rows
         if first_row == 0:
@@ -172,6 +174,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
         starts = np.concatenate(([0], np.cumsum([f.num_rows for f in scans]))).astype(np.int64)
         planned.append((source, tuple(scans), starts, next_id))
         next_id += first_row
+    warn_shared_files(owners)
     rows = [int(p[2][-1]) for p in planned]
     for (source, *_), n in zip(planned, rows):
         if source.repeat is not None and source.repeat * n > MAX_SAMPLES_PER_EPOCH:
@@ -199,6 +202,20 @@ def build_plan(config: DataConfig) -> StreamPlan:
         for i, ((src, scans, starts, first_id), c) in enumerate(zip(planned, counts))
     ]
     return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed)
+
+
+def warn_shared_files(owners: dict[str, list[str]]) -> None:
+    """One warning for files that several sources read (overlapping globs or directories, or
+    a path listed twice): each source counts their rows, so they are in the mixture once per
+    source. A file listed twice inside one source is read once (sources.expand_inputs)."""
+    shared = {path: names for path, names in owners.items() if len(names) > 1}
+    if not shared:
+        return
+    path, names = next(iter(shared.items()))
+    more = f" (and {len(shared) - 1} more file(s) read by several sources)" if len(shared) > 1 else ""
+    logger.warning("%s is in sources %s%s: each of them reads its rows, so they count once per source; give each file "
+                   "to one source (repeat or weight sets how often a source's rows come)",
+                   path, " and ".join(repr(n) for n in names), more)
 
 
 def source_block(config: DataConfig, source: Any) -> int:

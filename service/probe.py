@@ -6,13 +6,17 @@ returns what it saw per file: the formats detected (``messages``, ``prompt_compl
 ``text``) and the skip reasons. A source none of whose probed rows is a valid sample is a
 ``ValueError`` naming the source, the reasons and what the rows hold (e.g. ``--format
 messages`` on a file of ``text`` rows), so a run that would pack nothing fails in a second, not
-after the whole corpus. Cost: a few rows per file.
+after the whole corpus. ``probe(plan, tokenizer)`` also renders the conversations among those
+rows with the tokenizer's chat template, as the packing actors would: a tokenizer without one,
+or one whose assistant turns cannot be located, is one line naming the source and the row
+before Ray starts, not an actor's traceback. Cost: a few rows per file.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from packfeed.service.plan import StreamPlan, file_pieces
 from packfeed.service.records import record_format
@@ -34,9 +38,12 @@ class FileProbe:
         return f"{self.path}: {self.rows:,} rows; first {self.probed}: {seen}{bad}"
 
 
-def probe(plan: StreamPlan, *, rows_per_file: int = 20, max_files: int = 32) -> dict[str, list[FileProbe]]:
+def probe(plan: StreamPlan, tokenizer: Any = None, *, rows_per_file: int = 20,
+          max_files: int = 32) -> dict[str, list[FileProbe]]:
     """Source name -> what the first rows of its files hold. Raises ValueError for a source
-    with no valid sample among its probed rows."""
+    with no valid sample among its probed rows; with ``tokenizer`` (the driver's
+    ``SampleTokenizer``), also for conversational rows its chat template cannot render as
+    packing would (none, or one that cannot locate assistant turns), naming the source and row."""
     out: dict[str, list[FileProbe]] = {}
     for s in plan.sources:
         reports = []
@@ -49,6 +56,11 @@ def probe(plan: StreamPlan, *, rows_per_file: int = 20, max_files: int = 32) -> 
             report.skipped.update(skip.reason for skip in raw.skips)
             if raw.skips:
                 report.example = raw.skips[0].describe()
+            if tokenizer is not None:
+                try:
+                    tokenizer.check_chat_template(raw, loss=s.loss)
+                except ValueError as e:  # ChatTemplateError
+                    raise ValueError(f"source {s.name!r}: {e}") from None
             reports.append(report)
         out[s.name] = reports
         if not any(r.formats for r in reports):

@@ -197,6 +197,41 @@ class SampleTokenizer:
             raise raw.bad_sample_error(out.skips[0])
         return out
 
+    def check_chat_template(self, raw: RawWindow, *, loss: str | None = None) -> int:
+        """Render ``raw``'s conversational samples (``messages``, and prompt/completion given as
+        messages) as packing them under ``loss`` (default: this tokenizer's) would: the driver's
+        check of the probed rows before Ray starts. Raises ``ChatTemplateError`` naming the first
+        such row when the tokenizer has no chat template, or one that cannot locate its
+        assistant turns; a row the template itself raises on is left to packing (a skip).
+        Returns the number of conversational samples. Cost: 1 + 2 x (assistant turns) renders
+        per conversational sample, no encoding."""
+        pos = [i for i, r in enumerate(raw.records) if type(r) is Conversation or
+               (type(r) is PromptCompletion and type(r.prompt) is not str)]
+        if not pos:
+            return 0
+        try:
+            renderer = _ChatRenderer(self._tok, self.name)
+        except ChatTemplateError as e:
+            raise _located(e, raw, pos[0]) from None
+        all_loss = (loss or self.loss) == "all"
+        for i in pos:
+            try:
+                _render(renderer, raw, i, all_loss)
+            except ChatTemplateError:
+                raise
+            except Exception:  # the template raised on this sample: a skip when packing, not the run's error
+                pass
+        return len(pos)
+
+    def check_backend(self) -> str | None:
+        """Under ``backend="auto"``: steps 1-3 of the fast back-end's proof now, on the driver
+        before Ray starts (~1 s for a 150k vocabulary; a refusal usually in milliseconds), so
+        that a refusal is said before the packing actors start, not after. Returns that line
+        (also logged once; the actors' same line is not repeated), or None when the fast
+        back-end passed them (each actor still proves it on its first window) or the back-end
+        was chosen by name. See ``tokenizer_backend.EncoderChoice.check_early``."""
+        return self._encoders.check_early()
+
     def _probe_texts(self) -> list[str]:
         """A conversation rendered by the chat template, if there is one and it renders."""
         try:
@@ -271,15 +306,10 @@ class SampleTokenizer:
         all_loss = self.loss == "all"
         texts, spans, ok = [], [], []
         for i in pos:
-            r = raw.records[i]
             try:
-                if type(r) is Conversation:
-                    text, sp = self._chat.conversation(r.messages, r.tools, all_loss)
-                else:
-                    text, sp = self._chat.prompt_completion(r.prompt, r.completion, r.tools, all_loss)
-            except ChatTemplateError as e:
-                source, row = raw.spec.locate(int(raw.sample_ids[i]))
-                raise ChatTemplateError(f"{source}: row {row}, sample {int(raw.sample_ids[i])}: {e}") from None
+                text, sp = _render(self._chat, raw, i, all_loss)
+            except ChatTemplateError:
+                raise
             except Exception as e:  # the template raised on this conversation (raise_exception, ...)
                 skipped.append((i, TEMPLATE_ERROR, f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
@@ -312,6 +342,23 @@ class SampleTokenizer:
         return skips
 
 
+def _render(renderer: "_ChatRenderer", raw: RawWindow, i: int, all_loss: bool) -> tuple[str, list]:
+    """Record ``i`` of ``raw`` rendered, with its trained character spans; a ChatTemplateError
+    names the record's file, row and sample."""
+    r = raw.records[i]
+    try:
+        if type(r) is Conversation:
+            return renderer.conversation(r.messages, r.tools, all_loss)
+        return renderer.prompt_completion(r.prompt, r.completion, r.tools, all_loss)
+    except ChatTemplateError as e:
+        raise _located(e, raw, i) from None
+
+
+def _located(e: ChatTemplateError, raw: RawWindow, i: int) -> ChatTemplateError:
+    source, row = raw.spec.locate(int(raw.sample_ids[i]))
+    return ChatTemplateError(f"{source}: row {row}, sample {int(raw.sample_ids[i])}: {e}")
+
+
 def _available_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -330,7 +377,11 @@ class _ChatRenderer:
 
     def __init__(self, tokenizer: Any, name: str) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ChatTemplateError(f"tokenizer {name!r} has no chat template; conversational samples need one")
+            raise ChatTemplateError(
+                f"tokenizer {name!r} has no chat template, and `messages` rows (or prompt/completion given as "
+                "messages) need one: give a tokenizer whose tokenizer_config.json (or chat_template.jinja) has one, "
+                "or rows of `text` or of string prompt/completion"
+            )
         self._tok, self._name = tokenizer, name
         self._kwargs = dict(tokenizer.special_tokens_map)
         self._ctu = None
@@ -497,12 +548,21 @@ def _has_trained_token_after_first(lengths: np.ndarray, trained: np.ndarray) -> 
     return (n_trained - first) > 0
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "gpt2", "Qwen/Qwen2.5-0.5B"
+
+
+def looks_local(name: str) -> bool:
+    """Is ``name`` meant as a local path rather than a Hugging Face id? An existing path, or a
+    name a Hub id cannot be: ``./tok``, ``/abs/tok``, ``~/tok``, ``a/b/c``. ``org/name`` is an
+    id unless it exists here."""
+    return os.path.exists(name) or not _HUB_ID.fullmatch(name)
+
+
 def load_tokenizer(name_or_path: str, **kwargs: Any) -> SampleTokenizer:
     """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
     mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
     directory, a corrupt tokenizer.json, a Hub id that cannot be loaded (not cached, no network)."""
-    looks_local = os.sep in name_or_path or name_or_path.startswith(".") or os.path.exists(name_or_path)
-    if looks_local and not os.path.isdir(name_or_path):
+    if looks_local(name_or_path) and not os.path.isdir(name_or_path):
         what = "is a file" if os.path.exists(name_or_path) else "does not exist"
         raise ValueError(f"tokenizer {name_or_path!r} {what}: give the directory holding tokenizer.json "
                          "(e.g. service/assets/tokenizer) or a Hugging Face id")

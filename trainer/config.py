@@ -13,13 +13,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from packfeed.service.config import DataConfig
+from packfeed.service.config import DataConfig, check_known_keys, close_match
 from packfeed.service.hub import PIECE_ROWS
 from packfeed.service.placement import check_resources, check_selector
+from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 MIN_FEEDER_BUFFER_ROWS = 2 * PIECE_ROWS  # the hub's smallest buffer
 TINY_PREFIX = "tiny-"
+TINY_NAMES = tuple(TINY_PREFIX + family for family in TINY_FAMILIES)
+USE_GPU = {"auto": "auto", "yes": "yes", "no": "no", True: "yes", False: "no"}  # TOML's true / false too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +49,9 @@ class ModelConfig:
             raise ValueError(f"model overrides must be a table of config fields, got {self.overrides!r}")
         if self.attn not in ATTENTION_CHOICES:
             raise ValueError(f"model attn must be one of {', '.join(ATTENTION_CHOICES)}; got {self.attn!r}")
+        if self.is_tiny and self.name[len(TINY_PREFIX):] not in TINY_FAMILIES:
+            raise ValueError(f"unknown tiny model {self.name!r}{tiny_suggestion(self.name)}: choose "
+                             f"tiny-<family> with family one of {', '.join(TINY_FAMILIES)}")
         if self.overrides and not self.is_tiny:
             raise ValueError("model overrides apply to tiny-<family> models only; a pretrained config is loaded as is")
         object.__setattr__(self, "overrides", dict(self.overrides))
@@ -144,7 +150,7 @@ class TrainScaling:
 
     num_workers: int = 2
     cpus_per_worker: float = 0.5
-    use_gpu: str = "auto"
+    use_gpu: str = "auto"  # TOML's true / false read as yes / no
     packing_workers: int = 1
     packing_cpus_per_worker: float = 1.0
     packing_max_workers: int | None = None
@@ -163,8 +169,9 @@ class TrainScaling:
             _check_number(name, getattr(self, name))
         if not self.cpus_per_worker > 0 or not self.packing_cpus_per_worker > 0:
             raise ValueError("cpus_per_worker and packing_cpus_per_worker must be > 0 (fractions are fine)")
-        if self.use_gpu not in ("auto", "yes", "no"):
-            raise ValueError(f"use_gpu must be auto, yes or no; got {self.use_gpu!r}")
+        if not isinstance(self.use_gpu, (str, bool)) or self.use_gpu not in USE_GPU:
+            raise ValueError(f"use_gpu must be auto, yes or no (or true / false); got {self.use_gpu!r}")
+        object.__setattr__(self, "use_gpu", USE_GPU[self.use_gpu])
         for name in ("packer_labels", "trainer_labels", "driver_labels"):
             value = getattr(self, name)
             if value is not None:
@@ -217,11 +224,19 @@ class RunConfig:
 
 
 def _build(cls: type, table: str, values: Mapping[str, Any]) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown [{table}] keys {unknown}; known keys: {sorted(known)}")
+    check_known_keys(f"unknown [{table}] keys", values, {f.name for f in dataclasses.fields(cls)})
     return cls(**values)
+
+
+def tiny_suggestion(name: str) -> str:
+    """" (did you mean 'tiny-llama'?)" for a model name that looks like a typo of a tiny model's
+    (tiny-lama, tiny_llama, tinyllama, llama), else ""."""
+    if name.startswith(TINY_PREFIX):
+        family = close_match(name[len(TINY_PREFIX):], TINY_FAMILIES)
+        match = family and TINY_PREFIX + family
+    else:
+        match = TINY_PREFIX + name if name in TINY_FAMILIES else close_match(name, TINY_NAMES, cutoff=0.8)
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 def _check_number(name: str, value: Any) -> None:

@@ -4,6 +4,8 @@
 directory, ``from_pretrained``) or builds ``tiny-<family>`` from a random config
 (``tiny_config``) sized to the tokenizer's vocabulary. Weights are initialised under
 ``torch.manual_seed(seed)``: every rank and every rerun starts from the same weights.
+``check_model(config, vocab_size=...)`` checks on the driver, before Ray starts, what would
+otherwise fail in every train worker: a name that loads no config, a vocabulary too large.
 
 Cost: a tiny model builds in milliseconds; a pretrained one takes its load time. Nothing is
 downloaded unless ``name`` is a Hub id missing from the local cache.
@@ -12,10 +14,11 @@ downloaded unless ``name`` is a Hub id missing from the local cache.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from packfeed.trainer.attention import select_attention
-from packfeed.trainer.config import TINY_PREFIX, ModelConfig
+from packfeed.trainer.config import TINY_PREFIX, ModelConfig, tiny_suggestion
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 
 logger = logging.getLogger(__name__)
@@ -24,19 +27,16 @@ logger = logging.getLogger(__name__)
 def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", seed: int = 0) -> Any:
     """The model on ``device`` in float32 (autocast handles bf16), in train mode.
 
-    Raises ValueError for an unknown tiny family, or when the tokenizer's ``vocab_size`` is
-    larger than a pretrained model's embedding table (token ids would index past it).
+    Raises ValueError when the tokenizer's ``vocab_size`` is larger than a pretrained model's
+    embedding table (token ids would index past it); ``check_model`` says so before Ray starts.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     attn = select_attention(config.attn, device)
     torch.manual_seed(seed)
-    if config.is_tiny:
-        family = config.name[len(TINY_PREFIX):]
-        if family not in TINY_FAMILIES:
-            raise ValueError(f"unknown tiny model {config.name!r}; choose tiny-<family> with family in {TINY_FAMILIES}")
-        model_config = tiny_config(family, vocab_size, **config.overrides)
+    if config.is_tiny:  # a known family: ModelConfig checked it
+        model_config = tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
         model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attn)
     else:
         model = AutoModelForCausalLM.from_pretrained(config.name, attn_implementation=attn, dtype=torch.float32)
@@ -51,6 +51,38 @@ def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", se
     model.train()
     logger.info("model %s: %.2fM parameters, attention %s", config.name, num_parameters(model) / 1e6, attn)
     return model
+
+
+def check_model(config: ModelConfig, *, vocab_size: int) -> None:
+    """What the driver can check of the model before Ray starts, instead of every train worker
+    after it: a tiny model's config builds for this vocabulary; a pretrained ``name`` is a local
+    directory or a Hub id whose config loads (config.json only, from the directory or the local
+    cache; no weights) and whose embedding table holds the tokenizer's ``vocab_size``. Raises
+    ValueError, one line, naming the model and the fix (a near tiny name: "did you mean").
+    Cost: milliseconds."""
+    from transformers import AutoConfig
+
+    from packfeed.service.tokenize import looks_local
+
+    if config.is_tiny:
+        tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
+        return
+    name = config.name
+    choices = f"a local save_pretrained directory, a Hugging Face id, or tiny-<family> ({', '.join(TINY_FAMILIES)})"
+    if looks_local(name) and not os.path.isdir(name):
+        what = "is a file" if os.path.exists(name) else "does not exist"
+        raise ValueError(f"model {name!r} {what}{tiny_suggestion(name)}: give {choices}")
+    try:
+        model_config = AutoConfig.from_pretrained(name)
+    except Exception as e:  # OSError (no config.json, not cached, no network), ValueError (unknown model type), ...
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise ValueError(f"model {name!r}: cannot load its config ({type(e).__name__}: {detail})"
+                         f"{tiny_suggestion(name)}; give {choices} (a Hub id must be in the local cache or "
+                         "reachable)") from None
+    embeddings = getattr(model_config, "vocab_size", None)
+    if isinstance(embeddings, int) and vocab_size > embeddings:
+        raise ValueError(f"the tokenizer has {vocab_size} tokens but {name!r} embeds only {embeddings}: "
+                         "use the model's own tokenizer (--tokenizer) or resize the embeddings first")
 
 
 def num_parameters(model: Any) -> int:

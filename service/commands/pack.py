@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     prepare_output(output, inputs=inputs, overwrite=args.overwrite, clear=False)
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)
-    for line in describe(probe(plan), plan):
+    for line in describe(probe(plan, tokenizer), plan):  # and the chat template on the rows it read
         logger.info(line)
+    tokenizer.check_backend()  # under auto, a fast back-end refused at load is said now, before Ray
 
     def open_writer() -> ParquetRowWriter:
         return ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),

@@ -78,6 +78,17 @@ def test_a_typo_in_the_tokenizer_path_is_named(capsys, good, tmp_path):
     assert code == 2 and "'service/assets/tokenizr' does not exist" in one_line_error(err)
 
 
+@pytest.mark.parametrize(("name", "local"), [
+    ("gpt2", False), ("Qwen/Qwen2.5-0.5B", False),  # Hub ids: `org/name` was refused as a missing directory
+    ("service/assets/tokenizr", True), ("./tok", True), ("/abs/tok", True), ("~/tok", True), (TOK, True),
+])
+def test_a_hub_id_is_not_taken_for_a_missing_directory(name, local):
+    """Tokenizer and model names: a path that does not exist is named at once; a Hub id is loaded."""
+    from packfeed.service.tokenize import looks_local
+
+    assert looks_local(name) is local
+
+
 @pytest.mark.parametrize("kind", ["arrow-stream", "parquet"])
 def test_a_truncated_or_corrupt_columnar_file_is_named(capsys, tmp_path, kind):
     table = pa.table({"text": [f"doc {i}" for i in range(1000)]})
@@ -229,3 +240,115 @@ def test_a_user_error_in_train_workers_is_its_line_not_ray_trains_wrapper():
     wrapped = WorkerGroupError("rank 0 failed", {1: RuntimeError("rank 1 saw rank 0 go"), 0: inner})
     assert root_cause(wrapped) is inner
     assert user_message(wrapped) == "unknown tiny model family 'lama'"
+
+
+# ---- issue 24: what needs no data is checked on the driver, before Ray --------------------------
+@pytest.fixture
+def chat(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hello"}]}
+            for i in range(5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def no_template_tokenizer(tmp_path):
+    """The bundled tokenizer without its chat template."""
+    import shutil
+
+    tok = tmp_path / "tok-no-template"
+    shutil.copytree(TOK, tok, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    assert "chat_template" not in (tok / "tokenizer_config.json").read_text()
+    return str(tok)
+
+
+@pytest.mark.parametrize("command", ["pack", "train"])
+def test_a_tokenizer_without_a_chat_template_on_chat_rows_fails_before_ray(capsys, tmp_path, chat, good,
+                                                                         no_template_tokenizer, command):
+    """Issue 24: 206 lines of Ray tracebacks from the packing actors before the right message."""
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{no_template_tokenizer}"\nseq_len = 64\n'
+                   f'[[data.sources]]\nname = "web"\npaths = ["{good}"]\n'
+                   f'[[data.sources]]\nname = "chat"\npaths = ["{chat}"]\n'
+                   '[model]\nname = "tiny-llama"\n')
+    code, err = run(capsys, command, "--config", str(cfg), "--output", str(tmp_path / "o"))
+    line = one_line_error(err, command)
+    assert code == 2 and f"source 'chat': {chat}: row 0, sample 5: tokenizer" in line
+    assert "has no chat template, and `messages` rows" in line and "give a tokenizer whose" in line
+    assert good not in line
+
+
+def test_serve_checks_the_chat_template_before_ray(chat, no_template_tokenizer):
+    from packfeed.service.cli import build_parser
+    from packfeed.service.commands.serve import _pipeline_source
+
+    args = build_parser().parse_args(["serve", chat, "--tokenizer", no_template_tokenizer, "--seq-len", "64"])
+    with pytest.raises(ValueError, match=r"source 'chat': .*chat.jsonl: row 0, sample 0: tokenizer .* no chat "):
+        _pipeline_source(args)  # the checks before Ray, then Ray (the unit conftest refuses it)
+
+
+def test_a_chat_template_that_cannot_find_assistant_turns_fails_before_ray(capsys, tmp_path, chat):
+    """A template that is not prefix-preserving is found on the probed rows, naming the row."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(TOK, tok)
+    (tok / "chat_template.jinja").write_text(  # the turn count leads the text: prefixes render differently
+        "{{ messages | length }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+    code, err = run(capsys, "pack", chat, "--tokenizer", str(tok), "--seq-len", "64", "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and f"source 'chat': {chat}: row 0, sample 0: the chat template" in line
+    assert "is not prefix-preserving" in line
+    code, err = run(capsys, "pack", chat, "--tokenizer", str(tok), "--seq-len", "64", "--loss", "all",  # no turns
+                    "--output", str(tmp_path / "o"), "--address", "typo")  # to locate: past the probe, up to Ray
+    assert code == 2 and "is not host:port" in one_line_error(err)
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ("tiny-lama", "unknown tiny model 'tiny-lama' (did you mean 'tiny-llama'?): choose tiny-<family>"),
+    ("./models/mine", "model './models/mine' does not exist: give a local save_pretrained directory"),
+])
+def test_a_model_name_that_loads_nothing_fails_before_ray(capsys, good, tmp_path, model, message):
+    """Issue 24: `unknown tiny model` after 35 s, with a traceback from a Ray Train worker."""
+    code, err = run(capsys, "train", good, "--tokenizer", TOK, "--seq-len", "64", "--model", model,
+                    "--output", str(tmp_path / "o"))
+    assert code == 2 and message in one_line_error(err, "train")
+
+
+@pytest.mark.parametrize("command", ["pack", "train"])
+def test_the_fast_back_ends_refusal_is_said_before_ray(capsys, good, tmp_path, command):
+    """Issue 24: under --tokenizer-backend auto the reason came only once the actors had started."""
+    argv = [command, good, "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path / "o")]
+    argv += ["--model", "tiny-llama"] if command == "train" else []
+    with pytest.raises(RuntimeError, match="must not start Ray"):  # the unit conftest: the run ends where Ray starts
+        main(argv)
+    err = capsys.readouterr().err
+    assert err.count("the HF tokenizers back-end packs, the fast one was refused: quicktok refused the import: "
+                     "unrecognized pretokenizer pattern (pattern: GPT2_BYTELEVEL_DEFAULT)") == 1
+    with pytest.raises(RuntimeError, match="must not start Ray"):
+        main([*argv, "--tokenizer-backend", "hf"])
+    assert "back-end" not in capsys.readouterr().err
+
+
+def test_a_typo_of_the_sources_table_is_named(capsys, good, tmp_path):
+    """Issue 24: `[[data.source]]` said `missing INPUT...`."""
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\n[[data.source]]\npaths = ["{good}"]\n')
+    code, err = run(capsys, "pack", "--config", str(cfg), "--output", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and "unknown data config keys ['source'] (did you mean 'sources'?)" in line
+
+
+def test_a_file_in_two_sources_is_warned_about_naming_both(capsys, good, tmp_path):
+    """Issue 24: the same file in two sources was counted twice without a word."""
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text(f'[data]\ntokenizer = "{TOK}"\nseq_len = 64\ntokenizer_backend = "hf"\n'
+                   f'[[data.sources]]\nname = "a"\npaths = ["{tmp_path}/*.jsonl"]\n'
+                   f'[[data.sources]]\nname = "b"\npaths = ["{good}"]\n')
+    with pytest.raises(RuntimeError, match="must not start Ray"):  # the unit conftest: the run ends where Ray starts
+        main(["pack", "--config", str(cfg), "--output", str(tmp_path / "o")])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("packfeed pack: warning: ")]
+    assert warnings == [f"packfeed pack: warning: {good} is in sources 'a' and 'b': each of them reads its rows, so "
+                        "they count once per source; give each file to one source (repeat or weight sets how often "
+                        "a source's rows come)"]

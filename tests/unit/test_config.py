@@ -38,8 +38,14 @@ def test_round_trip_and_hash_names_the_stream():
 
 
 def test_unknown_keys_are_rejected_with_the_known_ones_listed():
-    with pytest.raises(ValueError, match="unknown data config keys \\['seqlen'\\]"):
+    with pytest.raises(ValueError, match=r"data config keys \['seqlen'\] \(did you mean 'seq_len'\?\); known keys"):
         DataConfig.from_dict({**BASE, "seqlen": 5})
+    # [[data.source]], a typo of [[data.sources]]: named, not reported as "no data"
+    with pytest.raises(ValueError, match=r"unknown data config keys \['source'\] \(did you mean 'sources'\?\)"):
+        DataConfig.from_dict({"tokenizer": "tok", "seq_len": 8, "source": [{"paths": ["a.jsonl"]}]})
+    with pytest.raises(ValueError, match=r"keys \['epoch', 'sead'\] \(did you mean 'epoch' -> 'epochs', 'sead' -> "
+                                         r"'seed'\?\)"):
+        DataConfig.from_dict({**BASE, "epoch": 2, "sead": 1})
 
 
 def test_config_is_frozen_and_keyword_only():
@@ -79,7 +85,10 @@ def test_the_hash_covers_sources_shares_and_epochs_but_not_run_policy():
 
 @pytest.mark.parametrize("sources, extra, message", [
     pytest.param([{"name": "a", "paths": ["a"], "repeat": 1}, {"name": "b", "paths": ["b"], "weight": 1}], {},
-                 r"sources \['a'\] have no weight", id="mixing-repeat-and-weight"),
+                 r"sources \['a'\] set repeat and \['b'\] weight: use one or the other on every source",
+                 id="mixing-repeat-and-weight"),
+    pytest.param([{"name": "a", "paths": ["a"]}, {"name": "b", "paths": ["b"], "weight": 1}], {},
+                 r"sources \['a'\] have no weight: with weights, every source needs one", id="a-weight-missing"),
     pytest.param([{"name": "a", "paths": ["a"], "weight": 1}], {}, "need \\[data\\] samples_per_epoch", id="weight-alone"),
     pytest.param([{"name": "a", "paths": ["a"], "repeat": 1}], {"samples_per_epoch": 10},
                  "samples_per_epoch applies to sources with weight", id="samples-without-weights"),
@@ -92,7 +101,8 @@ def test_the_hash_covers_sources_shares_and_epochs_but_not_run_policy():
                  id="both-on-one"),
     pytest.param([{"name": "a", "paths": ["a"], "reapeat": 2}], {}, r"source 'a': unknown keys \['reapeat'\]",
                  id="unknown-key"),
-    pytest.param([{"paths": ["x/a.jsonl"], "reapeat": 2}], {}, r"source #1: unknown keys", id="unnamed-unknown-key"),
+    pytest.param([{"paths": ["x/a.jsonl"], "reapeat": 2}], {}, r"source #1: unknown keys \['reapeat'\] \(did you mean "
+                 r"'repeat'\?\)", id="unnamed-unknown-key"),
     pytest.param([{"name": "a", "repeat": 2}], {}, "source 'a': missing `paths`", id="no-paths"),
     pytest.param([{"name": "a", "paths": []}], {}, "source 'a': paths must be a non-empty list", id="empty-paths"),
     pytest.param([{"name": "a", "paths": ["a"]}, {"name": "a", "paths": ["b"]}], {}, "names must be unique",

@@ -352,3 +352,26 @@ def test_a_runs_back_end_choices_are_logged_once_each(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["tokenizer 't': the HF tokenizers back-end packs, the fast one was refused: quicktok refused the "
                      "import: x", "tokenizer 't': the fast back-end packs (identical rows, proven per actor)"]
+
+
+def test_a_refusal_at_load_is_said_by_the_driver_before_the_actors_report_it(caplog):
+    """Issue 24: under auto the fallback reason came only after Ray started (from the actors'
+    window stats). ``check_backend`` runs the load-time checks on the driver and says it; the
+    actors' identical reports are not said again."""
+    from packfeed.service.tokenizer_backend import log_choices
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
+    driver = SampleTokenizer(tok)
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenizer_backend"):
+        line = driver.check_backend()
+        assert driver.backend == "hf" and driver.check_backend() is None  # decided: said once
+        actor = SampleTokenizer(tok)  # a packing actor: undecided until its first window
+        actor.tokenize(window(["The cat sat."]))
+        log_choices([actor.take_backend_report()], 0)
+    assert line.endswith("the fast one was refused: quicktok refused the import: unrecognized pretokenizer pattern "
+                         "(pattern: GPT2_BYTELEVEL_DEFAULT)")
+    assert [r.getMessage() for r in caplog.records] == [line]
+    assert SampleTokenizer(tok, backend="hf").check_backend() is None
+    passes = SampleTokenizer(merge_order_trap())  # steps 1-3 pass: step 4 stays each actor's
+    assert passes.check_backend() is None and passes.backend == "undecided"

@@ -34,6 +34,48 @@ def test_model_and_scaling_reject():
         ModelConfig(name="Qwen/Qwen3-0.6B", overrides={"hidden_size": 8})
     with pytest.raises(ValueError, match="cpus_per_worker"):
         TrainScaling(cpus_per_worker=0)
+    with pytest.raises(ValueError, match=r"unknown tiny model 'tiny-lama' \(did you mean 'tiny-llama'\?\): choose "
+                                         "tiny-<family> with family one of llama, qwen2"):
+        ModelConfig(name="tiny-lama")
+    with pytest.raises(ValueError, match=r"unknown tiny model 'tiny-bert': choose"):  # nothing close: no guess
+        ModelConfig(name="tiny-bert")
+    with pytest.raises(ValueError, match=r"use_gpu must be auto, yes or no \(or true / false\); got 1"):
+        TrainScaling(use_gpu=1)
+
+
+def test_use_gpu_takes_toml_booleans_as_yes_and_no():
+    """`use_gpu = true` (a TOML boolean) was refused: "must be auto, yes or no"."""
+    import tomllib
+
+    for text, expected in (("true", "yes"), ("false", "no"), ('"yes"', "yes"), ('"auto"', "auto")):
+        table = tomllib.loads(f"[scaling]\nuse_gpu = {text}\n")["scaling"]
+        run = RunConfig.from_dict({"data": {"inputs": ["a.jsonl"], "tokenizer": "tok", "seq_len": 64},
+                                   "model": {"name": "tiny-llama"}, "scaling": table})
+        assert run.scaling.use_gpu == expected and RunConfig.from_dict(run.to_dict()) == run
+
+
+def test_the_model_is_checked_on_the_driver(tmp_path):
+    """A model name that loads nothing failed in every Ray Train worker, after Ray started."""
+    from packfeed.trainer.model import check_model
+    from packfeed.trainer.tiny_models import tiny_config
+
+    check_model(ModelConfig(name="tiny-llama"), vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size must be >= 3"):
+        check_model(ModelConfig(name="tiny-llama"), vocab_size=2)
+    missing = tmp_path / "models" / "mine"
+    with pytest.raises(ValueError, match=f"model '{missing}' does not exist: give a local save_pretrained directory"):
+        check_model(ModelConfig(name=str(missing)), vocab_size=100)
+    with pytest.raises(ValueError, match=r"model './tiny_llama' does not exist \(did you mean 'tiny-llama'\?\)"):
+        check_model(ModelConfig(name="./tiny_llama"), vocab_size=100)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=f"model '{empty}': cannot load its config \\(.*config.json"):
+        check_model(ModelConfig(name=str(empty)), vocab_size=100)
+    saved = tmp_path / "small"
+    tiny_config("llama", 64).save_pretrained(saved)  # config.json only: no weights are read
+    check_model(ModelConfig(name=str(saved)), vocab_size=64)
+    with pytest.raises(ValueError, match="the tokenizer has 65 tokens but .* embeds only 64"):
+        check_model(ModelConfig(name=str(saved)), vocab_size=65)
 
 
 def test_the_feeder_buffer_holds_two_steps_or_is_automatic():
