@@ -155,9 +155,11 @@ def written_files(out_dir: Path) -> list[str] | None:
 
 def packed_dir_info(path: str | Path) -> dict[str, Any] | None:
     """{"config": ..., "stats": ...} of a finished ``packfeed pack`` output, None when ``path``
-    is not one; ValueError for an unfinished or failed one."""
+    is not one; ValueError for an unfinished (see ``incomplete_output``) or failed one."""
     meta = Path(path) / META_DIR
     if not (meta / "config.json").exists():
+        if (meta / "files.json").exists():
+            raise ValueError(incomplete_output(path))
         return None
     stats_path = meta / "stats.json"
     stats = read_json_object(stats_path, fix=_PACK_AGAIN) if stats_path.exists() else {}
@@ -168,6 +170,25 @@ def packed_dir_info(path: str | Path) -> dict[str, Any] | None:
 
 
 _PACK_AGAIN = "pack the directory again"
+
+
+def incomplete_output(path: str | Path) -> str:
+    """What an output a pack never finished (killed, crashed) holds and lacks: its part files
+    are listed in files.json, config.json and stats.json are written only at the end. A part
+    file the pack was writing when it stopped has no Parquet footer: it is named as cut off."""
+    listed = written_files(Path(path)) or []
+    present = [name for name in listed if (Path(path) / name).exists()]
+    rows, cut = 0, []
+    for name in present:
+        try:
+            rows += pq.ParquetFile(Path(path) / name).metadata.num_rows
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            cut.append(name)
+    held = f"{len(present)} part file(s) with {rows:,} rows" if present else "no part file yet"
+    if cut:
+        held = f"{len(present)} part file(s) ({rows:,} rows readable; {', '.join(cut)} cut off while it was written)"
+    return (f"{path} is incomplete: a packfeed pack started there and did not finish; it has {held} and lacks "
+            f"{META_DIR}/config.json and {META_DIR}/stats.json (written when a pack ends): pack it again with --overwrite")
 
 
 def read_json_object(path: str | Path, *, fix: str) -> dict:

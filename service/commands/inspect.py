@@ -1,6 +1,6 @@
 """``packfeed inspect DIR``: what a packed directory holds, and what the model will see.
 
-    packfeed inspect runs/demo-pack                 # stats, sources, config
+    packfeed inspect runs/demo-pack                 # the report: config, totals, sources, epochs
     packfeed inspect runs/demo-pack --row 3         # row 3 decoded, segment by segment
 
 A decoded row shows every segment on its own line with its sample id and length; tokens the
@@ -35,13 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service.stats import format_summary
+    from packfeed.service.stats import format_summary, upgrade_stats
     from packfeed.service.writer import packed_dir_info
 
-    info = packed_dir_info(args.directory)
+    info = packed_dir_info(args.directory)  # an unfinished pack: ValueError saying what is there
     if info is None:
         raise ValueError(f"{args.directory} is not a packfeed output directory (no .packfeed/config.json)")
-    stats, config = info["stats"], info["config"]
+    stats, config = upgrade_stats(info["stats"]), info["config"]
     if args.json:
         print(json.dumps(stats, indent=2))
     else:

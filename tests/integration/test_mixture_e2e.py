@@ -3,7 +3,8 @@ the bundled corpus (chat repeat 1.5, instructions repeat 0.5, stories repeat 1) 
 
 * packed by ``packfeed pack --config``: every source's count per epoch exact, each sample as
   many times as its repeat says over the run, realised shares equal to the planned ones, the
-  sources table and the rows of each epoch in stats.json;
+  sources table and the rows of each epoch in stats.json; ``packfeed inspect`` prints them,
+  epochs numbered from 1, with each source's share of the tokens (not its share of the samples);
 * served by ``packfeed serve --config`` to 2 ranks; the server SIGKILLed mid-stream (in epoch
   2) and started again; the consumers resumed from their saved cursor with world size 3: every
   row index delivered exactly once, each row byte-identical to the pack output; Describe
@@ -52,8 +53,8 @@ def packed(ray_cluster, config_file, tmp_path_factory):
     return out, rows, stats
 
 
-def test_pack_delivers_every_source_its_share_in_every_epoch(packed):
-    _, rows, stats = packed
+def test_pack_delivers_every_source_its_share_in_every_epoch(packed, capsys):
+    out, rows, stats = packed
     per_epoch = {name: round(r * ROWS[name]) for name, r in SOURCES.items()}
     total = sum(per_epoch.values())
     by_name = {s["name"]: s for s in stats["sources"]}
@@ -63,7 +64,21 @@ def test_pack_delivers_every_source_its_share_in_every_epoch(packed):
         assert s["samples_packed"] == EPOCHS * count and s["skipped_total"] == 0
         assert s["planned_share"] == pytest.approx(count / total)
         assert s["realised_share"] == pytest.approx(count / total)
+        assert s["realised_token_share"] == pytest.approx(s["tokens"] / stats["tokens"])
+        assert [e["epoch"] for e in s["epochs"]] == list(range(1, EPOCHS + 1)), "epochs count from 1, as the README's"
     assert sum(stats["epoch_rows"]) == stats["rows"] == rows.num_rows and len(stats["epoch_rows"]) == EPOCHS
+    # the report (inspect prints the pack's): a line per source and epoch, shares of samples and of tokens
+    capsys.readouterr()
+    assert main(["inspect", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert f"rows per epoch               {stats['epoch_rows'][0]:,} (epoch 1), " in report
+    for s in stats["sources"]:
+        lines = [line.split() for line in report.splitlines() if line.startswith(s["name"] + " ")]
+        assert [line[1] for line in lines] == ["all", "1", "2"], report
+        assert lines[0][-3:] == [f"{100 * x:.2f}%" for x in (s["planned_share"], s["realised_share"],
+                                                            s["realised_token_share"])]
+    stories = by_name["stories"]  # long texts: 20% of the samples, far more of the tokens
+    assert stories["realised_token_share"] > 2 * stories["realised_share"], stories
     # every sample as many times as its repeat says, over both epochs (ids: chat, instruct, stories)
     seen = Counter(int(s) for s in rows.sample_ids if s >= 0)
     first = {"chat": 0, "instruct": 3000, "stories": 6000}

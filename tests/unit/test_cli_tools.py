@@ -16,6 +16,7 @@ from packfeed.service.config import DataConfig
 from packfeed.service.plan import build_plan
 from packfeed.service.probe import describe, probe
 from packfeed.service.progress import Progress
+from packfeed.service.stats import Counts, RunStats, WindowStats
 from packfeed.service.tokenize import SampleTokenizer
 from packfeed.service.window import process_window
 from packfeed.service.writer import ParquetRowWriter
@@ -24,7 +25,7 @@ CHAT = {"messages": [{"role": "user", "content": "What color is the sky?"},
                      {"role": "assistant", "content": "The sky is blue."}]}
 
 
-def packed_dir(tmp_path):
+def packed_dir(tmp_path, stats=None):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in [CHAT, {"text": "Once upon a time a fox."}] * 3))
     config = DataConfig.from_inputs([str(data)], tokenizer=demo_tokenizer_path(), seq_len=256)
@@ -35,10 +36,28 @@ def packed_dir(tmp_path):
     writer = ParquetRowWriter(out, seq_len=256, config_hash=config.config_hash())
     writer.write(rows)
     writer.close(config={"data": config.to_dict(), "config_hash": config.config_hash()},
-                 stats={"rows": rows.num_rows, "samples_read": 6, "samples_packed": 6, "skipped": {}, "skipped_total": 0,
-                        "truncated": 0, "split": 0, "dropped": 0, "bound_rows": 1, "tokens": 100, "trained_tokens": 50,
-                        "efficiency": 0.5, "seconds": 1.0, "tokens_per_second": 100.0, "skip_examples": []})
+                 stats=stats or {"rows": rows.num_rows, "samples_read": 6, "samples_packed": 6, "skipped": {},
+                                 "skipped_total": 0, "truncated": 0, "split": 0, "dropped": 0, "bound_rows": 1,
+                                 "tokens": 100, "trained_tokens": 50, "efficiency": 0.5, "seconds": 1.0,
+                                 "tokens_per_second": 100.0, "skip_examples": []})  # fmt: skip
     return out
+
+
+def older_mixture_stats() -> dict:
+    """The stats.json of a 2-epoch mixture as packfeed wrote it before epochs were numbered from
+    1 and token shares were totalled: chat 4 short samples an epoch, stories 1 long one."""
+    run = RunStats(["chat", "stories"], planned=[4, 1])
+    for w, (chat, stories) in enumerate([(400, 600), (600, 400)]):
+        ws = WindowStats(window=w, epoch=w, rows=1)
+        ws.sources = {0: Counts(samples_read=4, samples_packed=4, tokens=chat),
+                      1: Counts(samples_read=1, samples_packed=1, tokens=stories)}
+        run.add(ws)
+    stats = {**run.to_dict(seq_len=256, seconds=11.0), "epoch_rows": [1, 1]}
+    for s in stats["sources"]:
+        del s["realised_token_share"]
+        for e in s["epochs"]:
+            e["epoch"] -= 1
+    return stats
 
 
 def test_inspect_shows_segments_and_what_is_trained(tmp_path, capsys):
@@ -53,9 +72,30 @@ def test_inspect_shows_segments_and_what_is_trained(tmp_path, capsys):
     assert re.search(r"^  [^\[\s]+\[\[[^\]]*upon a time a fox\.[^\]]*\]\]$", text, re.M), text
 
 
+def test_inspect_shows_the_mixture_in_samples_and_tokens_for_every_epoch_numbered_from_1(tmp_path, capsys):
+    out = packed_dir(tmp_path, stats={"status": "complete", **older_mixture_stats()})
+    assert main(["inspect", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "rows per epoch               1 (epoch 1), 1 (epoch 2)" in lines
+    # stories: 20% of the samples as planned, 50% of the tokens (60% in epoch 1, 40% in epoch 2)
+    assert [line.split() for line in lines if line.startswith("stories")] == [
+        ["stories", "all", "2", "2", "0", "0", "1,000", "20.00%", "20.00%", "50.00%"],
+        ["stories", "1", "1", "1", "0", "0", "600", "20.00%", "20.00%", "60.00%"],
+        ["stories", "2", "1", "1", "0", "0", "400", "20.00%", "20.00%", "40.00%"],
+    ]
+    assert main(["inspect", str(out), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert [[e["epoch"] for e in s["epochs"]] for s in stats["sources"]] == [[1, 2], [1, 2]]
+
+
 def test_inspect_refuses_what_is_not_a_packed_directory(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     assert "is not a packfeed output directory" in capsys.readouterr().err
+    ParquetRowWriter(tmp_path / "killed", seq_len=8, config_hash="h")  # a pack stopped before its first row
+    assert main(["inspect", str(tmp_path / "killed")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"packfeed inspect: error: {tmp_path / 'killed'} is incomplete: ") and err.count("\n") == 1
+    assert "it has no part file yet and lacks .packfeed/config.json and .packfeed/stats.json" in err
 
 
 def test_progress_writes_lines_without_a_terminal():

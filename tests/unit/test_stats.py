@@ -1,12 +1,13 @@
 """Accounting: per (epoch, source) counts, the read = packed + skipped + dropped identity, the
-JSON trip of a window's stats, planned vs realised shares, and the printed report."""
+JSON trip of a window's stats, planned vs realised shares (of samples and of tokens), epochs
+numbered from 1 wherever a user reads them, and the printed report."""
 
 from collections import Counter
 
 import pytest
 
 from packfeed.service.records import Skip
-from packfeed.service.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats, format_summary
+from packfeed.service.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats, format_summary, upgrade_stats
 
 
 def window(index: int, epoch: int, per_source: dict[int, dict], examples=()) -> WindowStats:
@@ -36,6 +37,8 @@ def test_run_stats_add_by_epoch_and_source_and_shares():
     assert (chat["name"], chat["samples_read"], chat["usable"], chat["planned_samples_per_epoch"]) == ("chat", 60, 58, 30)
     assert chat["planned_share"] == pytest.approx(0.75)
     assert chat["realised_share"] == pytest.approx(58 / 77)
+    assert chat["realised_token_share"] == pytest.approx(2900 / 3000) and web["realised_token_share"] == pytest.approx(0.1 / 3)
+    assert [e["epoch"] for e in chat["epochs"]] == [1, 2], "epochs are numbered from 1, as the README counts them"
     assert [e["samples_packed"] for e in chat["epochs"]] == [28, 30]
     assert [e["share_samples"] for e in web["epochs"]] == [pytest.approx(9 / 37), pytest.approx(10 / 40)]
     assert d["windows"] == 3 and d["rows"] == 10
@@ -63,7 +66,7 @@ def test_a_window_packed_twice_counts_once():
 
 def test_a_lost_sample_is_an_accounting_error_naming_epoch_and_source():
     run = RunStats(["chat"], planned=[10])
-    run.add(window(0, 3, {0: {"read": 10, "packed": 8, "skipped": {"blank_line": 1}}}))
+    run.add(window(0, 2, {0: {"read": 10, "packed": 8, "skipped": {"blank_line": 1}}}))  # the third epoch
     with pytest.raises(RuntimeError, match="epoch 3, source 'chat'.*read 10 samples but packed 8, skipped 1, dropped 0"):
         run.check_accounting()
 
@@ -92,8 +95,66 @@ def test_summary_reports_efficiency_against_the_bound_and_the_sources_table():
     assert stats["bound_rows"] == 2 and stats["efficiency"] == pytest.approx(1000 / 1024)
     text = format_summary(stats)
     assert "97.66%" in text and "rows (bound)" in text
-    lines = {line.split()[0]: line.split() for line in text.splitlines() if line.split() and line.split()[0] in ("chat", "web")}
-    assert lines["chat"][-2:] == ["66.67%", "66.67%"] and lines["web"][-2:] == ["33.33%", "33.33%"]
+    assert text.splitlines()[-3:] == [  # one epoch: no epoch column
+        "source  read  packed  skipped  dropped  tokens  planned share  sample share  token share",
+        "chat       2       2        0        0     700         66.67%        66.67%       70.00%",
+        "web        1       1        0        0     300         33.33%        33.33%       30.00%",
+    ]
+
+
+def mixture_stats() -> dict:
+    """chat (4 short samples an epoch) and stories (1 long one), 2 epochs: 80% / 20% of the
+    samples as planned, 50% / 50% of the tokens."""
+    run = RunStats(["chat", "stories"], planned=[4, 1])
+    run.add(window(0, 0, {0: {"read": 4, "packed": 4, "tokens": 400, "rows": 1}, 1: {"read": 1, "packed": 1, "tokens": 600}}))
+    run.add(window(1, 1, {0: {"read": 4, "packed": 4, "tokens": 600, "rows": 2}, 1: {"read": 1, "packed": 1, "tokens": 400}}))
+    return {**run.to_dict(seq_len=512, seconds=11.0), "epoch_rows": [1, 2]}
+
+
+def test_the_mixture_report_shows_token_shares_and_every_epoch_numbered_from_1():
+    text = format_summary(mixture_stats())
+    assert "rows per epoch               1 (epoch 1), 2 (epoch 2)" in text.splitlines()
+    assert text.splitlines()[-7:] == [
+        "source   epoch  read  packed  skipped  dropped  tokens  planned share  sample share  token share",
+        "chat     all       8       8        0        0   1,000         80.00%        80.00%       50.00%",
+        "chat     1         4       4        0        0     400         80.00%        80.00%       40.00%",
+        "chat     2         4       4        0        0     600         80.00%        80.00%       60.00%",
+        "stories  all       2       2        0        0   1,000         20.00%        20.00%       50.00%",
+        "stories  1         1       1        0        0     600         20.00%        20.00%       60.00%",
+        "stories  2         1       1        0        0     400         20.00%        20.00%       40.00%",
+    ]
+
+
+def test_a_stats_json_with_epochs_from_0_reads_as_one_from_1():
+    new = mixture_stats()
+    old = {**new, "sources": [{**s, "epochs": [{**e, "epoch": e["epoch"] - 1} for e in s["epochs"]]}
+                              for s in new["sources"]]}  # fmt: skip
+    for s in old["sources"]:
+        del s["realised_token_share"]  # not written before either
+    assert [e["epoch"] for e in old["sources"][0]["epochs"]] == [0, 1]
+    assert [e["epoch"] for e in upgrade_stats(old)["sources"][0]["epochs"]] == [1, 2]
+    assert upgrade_stats(new) == new and upgrade_stats(upgrade_stats(old)) == upgrade_stats(old)
+    assert format_summary(upgrade_stats(old)) == format_summary(new)
+
+
+@pytest.mark.parametrize("timing, expected", [
+    pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": 4_800_000.0},
+                 ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
+                  "tokens/s                     4,800,000 steady, after the first row (254,545 overall, start-up included)"],
+                 id="steady-rate-first-start-up-beside"),
+    pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": None},
+                 ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
+                  "tokens/s                     254,545 overall, start-up included (one window: no steady rate)"],
+                 id="one-window-no-steady-rate"),
+    pytest.param({}, ["seconds                      11.00", "tokens/s                     254,545"],
+                 id="older-stats-json-without-start-up"),
+])  # fmt: skip
+def test_the_rate_of_a_short_run_is_not_mostly_start_up(timing, expected):
+    """2.8M tokens in 11 s with the first row at 10.5 s: the headline is the steady rate."""
+    run = RunStats(["a"], planned=[1])
+    run.add(window(0, 0, {0: {"read": 1, "packed": 1, "tokens": 2_800_000, "rows": 5469}}))
+    text = format_summary({**run.to_dict(seq_len=512, seconds=11.0), **timing})
+    assert [line for line in text.splitlines() if line.startswith(("seconds", "tokens/s"))] == expected
 
 
 def test_counts_round_trip():

@@ -94,6 +94,26 @@ def test_an_unfinished_output_is_refused_as_input(tmp_path):
     assert packed_dir_info(tmp_path) is None  # not a packfeed directory at all
 
 
+def test_an_interrupted_output_says_what_it_holds_and_what_it_lacks(tmp_path):
+    """A pack killed mid-run: files.json lists its part files, the last one has no footer yet,
+    and config.json and stats.json (written at the end) do not exist."""
+    out = tmp_path / "pack"
+    w = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
+    with pytest.raises(ValueError, match=r"pack is incomplete: .* it has no part file yet and lacks "
+                                         r"\.packfeed/config\.json and \.packfeed/stats\.json .*--overwrite$"):
+        packed_dir_info(out)  # killed before the first row
+    w.rows_per_group = w.rows_per_file = 5  # two files from 8 rows
+    w.write(rows(0, 8))  # part-00000 finished (5 rows), part-00001 being written: the kill comes now
+    with pytest.raises(ValueError) as err:
+        packed_dir_info(out)
+    assert str(err.value) == (
+        f"{out} is incomplete: a packfeed pack started there and did not finish; it has 2 part file(s) (5 rows "
+        "readable; part-00001.parquet cut off while it was written) and lacks .packfeed/config.json and "
+        ".packfeed/stats.json (written when a pack ends): pack it again with --overwrite")
+    w.close(config={"data": {"seq_len": SEQ}, "config_hash": "abc"}, stats={"rows": 8})
+    assert packed_dir_info(out)["stats"]["rows"] == 8
+
+
 def test_a_read_only_location_is_one_clear_error_before_any_work():
     out = "/sys/packfeed-output"  # sysfs refuses new entries, for root too
     with pytest.raises(OSError) as err:
