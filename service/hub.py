@@ -255,7 +255,7 @@ class RowHub:
         self._catchup_lock = threading.Lock()  # one catch-up window packed at a time
         self._catchup: OrderedDict[int, _Piece] = OrderedDict()  # window -> its rows (global index)
         self._catchup_rows = 0
-        self.restarts = 0  # main readers started (for stats and tests)
+        self.reader_starts = 0  # main readers started: the first, then one per restart
         self.catchup_windows = 0  # windows packed by the catch-up path
         self.rows_served = 0
         self.peak_held = 0
@@ -274,6 +274,12 @@ class RowHub:
     def total_rows(self) -> int | None:
         """The stream length, once a reader has reached the end (or the manifest knew it)."""
         return self.manifest.total_rows
+
+    @property
+    def restarts(self) -> int:
+        """Times the main reader was started again (at another window) after its first start:
+        0 while the first reader runs, or before any started."""
+        return max(self.reader_starts - 1, 0)
 
     @property
     def held_rows(self) -> int:
@@ -402,7 +408,7 @@ class RowHub:
         self._pieces, self._held = [], 0
         self._floor = self._produced = first_row
         self._error = None
-        self.restarts += 1
+        self.reader_starts += 1
         thread = threading.Thread(
             target=self._read, args=(self._generation, window, first_row), name=f"packfeed-reader-{window}", daemon=True
         )

@@ -7,22 +7,33 @@ serving does no metric bookkeeping on its hot path. Names (all prefixed ``packfe
 ====================================  =======  ==================================================
 metric                                type     meaning
 ====================================  =======  ==================================================
-rows_served_total                     counter  real rows handed to consumers (padding excluded)
+rows_served_total                     counter  real rows sent to consumers (padding excluded)
+tokens_served_total                   counter  real tokens of those rows (rate: tokens/s consumed)
 batches_sent_total                    counter  PackedBatch messages sent
 bytes_sent_total                      counter  bytes of those messages
 streams                               gauge    StreamBatches calls open now
 auth_refused_total{reason}            counter  calls refused for a missing or wrong bearer token
-consumer_lag_rows{consumer}           gauge    rows the reader is ahead of each reading consumer
+consumer_lag_rows{consumer}           gauge    rows the main reader has produced past each consumer
+                                               reading its buffer (negative: the consumer waits
+                                               for rows not produced yet)
 buffer_rows / buffer_capacity_rows    gauge    rows held for the consumers, and the bound
-reader_position_rows                  gauge    rows the main reader has produced (stream position)
-reader_restarts_total                 counter  main readers started
-catchup_windows_total                 counter  windows packed for far-behind consumers
+reader_position_rows                  gauge    global index of the next row the main reader makes
+reader_restarts_total                 counter  times the main reader was started again at another
+                                               window (0 on a fresh server)
+catchup_windows_total                 counter  windows packed (a packed directory: read) for
+                                               consumers far behind the main reader
 stream_rows                           gauge    rows of the whole stream, once known (else absent)
 packed_samples_total{source}          counter  samples packed, by source
 packed_tokens_total{source}           counter  real tokens in rows, by source (rate: tokens/s)
 skipped_samples_total{source,reason}  counter  samples skipped, by source and reason
-packing_efficiency                    gauge    real tokens / (rows x seq_len) of the windows packed
+packing_efficiency                    gauge    real tokens / (rows x seq_len) of the rows packed
+                                               (absent until a window is packed)
 ====================================  =======  ==================================================
+
+The packing families count the windows this server has packed (each once, however often it is
+packed again). A packed directory is served as it is, packed before: its packing families are
+the totals of its ``stats.json``, constant from the first scrape (their ``rate()`` is 0), so a
+dashboard reads both kinds of stream alike.
 
 Packing actors (any command: pack, serve, train) count windows, samples and tokens with
 ``ray.util.metrics`` (``WindowMetrics``), so a cluster's Ray Prometheus endpoint (the nodes'
@@ -47,48 +58,70 @@ class ServeCollector:
 
     def collect(self):
         snap = self.hub.snapshot()
-        yield _counter("rows_served", "real rows handed to consumers", snap["rows_served"])
+        yield _counter("rows_served", "real rows sent to consumers (padding excluded)", self.service.rows_sent)
+        yield _counter("tokens_served", "real tokens of the rows sent to consumers", self.service.tokens_sent)
         yield _counter("batches_sent", "PackedBatch messages sent", self.service.batches_sent)
         yield _counter("bytes_sent", "bytes of PackedBatch messages sent", self.service.bytes_sent)
         yield _gauge("streams", "StreamBatches calls open now", self.service.streams)
-        refused = CounterMetricFamily(PREFIX + "auth_refused", "calls refused for a missing or wrong token",
+        refused = CounterMetricFamily(PREFIX + "auth_refused", "calls refused for a missing or wrong bearer token",
                                       labels=["reason"])
         for reason, count in sorted(self.service.auth_refused.items()):
             refused.add_metric([reason], count)
         yield refused
-        lag = GaugeMetricFamily(PREFIX + "consumer_lag_rows", "rows the reader is ahead of each reading consumer",
+        lag = GaugeMetricFamily(PREFIX + "consumer_lag_rows", "rows the main reader has produced past each consumer "
+                                "reading its buffer (negative: the consumer waits for rows not produced yet)",
                                 labels=["consumer"])
         for cid, rows in sorted(snap["lags"].items()):
             lag.add_metric([str(cid)], rows)
         yield lag
         yield _gauge("buffer_rows", "rows held for the consumers", snap["held_rows"])
         yield _gauge("buffer_capacity_rows", "rows the buffer holds at most", snap["capacity"])
-        yield _gauge("reader_position_rows", "rows the main reader has produced", snap["produced"])
-        yield _counter("reader_restarts", "main readers started", snap["restarts"])
-        yield _counter("catchup_windows", "windows packed for far-behind consumers", snap["catchup_windows"])
+        yield _gauge("reader_position_rows", "global index of the next row the main reader makes", snap["produced"])
+        yield _counter("reader_restarts", "times the main reader was started again at another window",
+                       snap["restarts"])
+        yield _counter("catchup_windows", "windows packed (a packed directory: read) for consumers far behind "
+                       "the main reader", snap["catchup_windows"])
         if self.hub.total_rows is not None:
             yield _gauge("stream_rows", "rows of the whole stream", self.hub.total_rows)
-        stats = self.source.stats
-        if stats is not None:
-            yield from _packing_families(stats, self.source.seq_len)
+        totals = packing_totals(self.source)
+        if totals is not None:
+            yield from _packing_families(*totals)
 
 
-def _packing_families(stats: Any, seq_len: int):
+def packing_totals(source: Any) -> tuple[list[dict], float | None] | None:
+    """(per source: name, samples_packed, tokens, skipped {reason: n}; the packing efficiency,
+    None before any row) of what ``source`` packed so far (a pipeline) or was packed into (a
+    packed directory: its stats.json); None when neither is known."""
+    stats = source.stats
+    if stats is not None:  # a RunStats: the windows this process packed
+        per_source = []
+        for index, name in enumerate(stats.names):
+            counts = stats.source_total(index)
+            per_source.append({"name": name, "samples_packed": counts.samples_packed, "tokens": counts.tokens,
+                               "skipped": dict(counts.skipped)})
+        efficiency = stats.total().tokens / (stats.rows * source.seq_len) if stats.rows else None
+        return per_source, efficiency
+    packed = source.packed_stats
+    if packed:  # a packed directory's stats.json
+        return list(packed.get("sources", [])), packed.get("efficiency") if packed.get("rows") else None
+    return None
+
+
+def _packing_families(per_source: list[dict], efficiency: float | None):
     samples = CounterMetricFamily(PREFIX + "packed_samples", "samples packed", labels=["source"])
     tokens = CounterMetricFamily(PREFIX + "packed_tokens", "real tokens in rows", labels=["source"])
     skipped = CounterMetricFamily(PREFIX + "skipped_samples", "samples skipped", labels=["source", "reason"])
-    for index, name in enumerate(stats.names):
-        counts = stats.source_total(index)
-        samples.add_metric([name], counts.samples_packed)
-        tokens.add_metric([name], counts.tokens)
-        for reason, n in sorted(counts.skipped.items()):
-            skipped.add_metric([name, reason], n)
+    for counts in per_source:
+        name = str(counts["name"])
+        samples.add_metric([name], int(counts.get("samples_packed", 0)))
+        tokens.add_metric([name], int(counts.get("tokens", 0)))
+        for reason, n in sorted((counts.get("skipped") or {}).items()):
+            skipped.add_metric([name, reason], int(n))
     yield samples
     yield tokens
     yield skipped
-    total = stats.total()
-    yield _gauge("packing_efficiency", "real tokens / (rows x seq_len) of the windows packed",
-                 total.tokens / (stats.rows * seq_len) if stats.rows else 0.0)
+    if efficiency is not None:
+        yield _gauge("packing_efficiency", "real tokens / (rows x seq_len) of the rows packed", float(efficiency))
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -71,6 +71,9 @@ class PackFeedService:
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
         self.bytes_sent = 0
+        self.rows_sent = 0  # real rows in the batches sent (padding excluded)
+        self.tokens_sent = 0  # real tokens of those rows
+        self.draining = False  # set by drain(): calls ending from now on end because of it
         self.auth_refused: Counter = Counter()  # reason ("missing token", "wrong token") -> calls refused
         self._refusals_unlogged, self._refusal_logged_at = 0, float("-inf")
 
@@ -121,25 +124,32 @@ class PackFeedService:
         logger.info("consumer connected: %s", who)
         sent, why = 0, "cancelled"
         try:
-            for message in self._batches(req, context):
+            for message, rows, tokens in self._batches(req, context):
                 yield message
                 sent += 1
                 with self._lock:
                     self.batches_sent += 1
                     self.bytes_sent += len(message)
+                    self.rows_sent += rows
+                    self.tokens_sent += tokens
             why = "end of stream" if context.is_active() else "cancelled"  # a consumer gone ends the loop too
-        except grpc.RpcError:
-            why = "aborted"
-            raise
-        except Exception as exc:  # context.abort raises a plain Exception in grpcio
-            why = f"aborted ({type(exc).__name__})"
+        except _EndCall as end:
+            why = end.why
+            context.abort(end.code, end.details)
+        except Exception as exc:  # a bug: gRPC answers UNKNOWN
+            why = f"failed ({type(exc).__name__}: {exc})"
             raise
         finally:
+            if why == "cancelled" and self.draining:
+                why = "cancelled during the drain"  # still sending when --grace-seconds ran out, or the client left
             with self._lock:
                 self.streams -= 1
             logger.info("consumer disconnected: %s, after %d batch(es): %s", who, sent, why)
 
-    def _batches(self, req: packfeed_pb2.StreamRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def _batches(self, req: packfeed_pb2.StreamRequest,
+                 context: grpc.ServicerContext) -> Iterator[tuple[bytes, int, int]]:
+        """(message, its real rows, their real tokens) step after step; _EndCall when the call
+        must end with a status other than OK."""
         rank, world, b, cursor = req.rank, req.world_size, req.batch_rows, req.cursor
         seq_len, pad_id = self.meta.seq_len, self.meta.pad_id
         with self.hub.consumer(alive=context.is_active) as consumer:
@@ -151,18 +161,23 @@ class PackFeedService:
                 except ConsumerGone:
                     return
                 except HubClosed:
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "packfeed server shutting down: reconnect and resume from your cursor")
+                    raise _EndCall(grpc.StatusCode.UNAVAILABLE,
+                                   "packfeed server shutting down: reconnect and resume from your cursor",
+                                   "ended by the drain (UNAVAILABLE: the client resumes from its cursor)") from None
                 except Exception as exc:  # the pipeline failed (e.g. a bad sample under --strict)
                     cause = root_cause(exc)  # what the data raised, not Ray's wrapper
-                    context.abort(grpc.StatusCode.INTERNAL, f"packfeed pipeline failed: {type(cause).__name__}: {cause}")
+                    failure = f"packfeed pipeline failed: {type(cause).__name__}: {cause}"
+                    raise _EndCall(grpc.StatusCode.INTERNAL, failure, f"INTERNAL ({failure})") from None
                 if total is not None:
                     if cursor > total:
-                        context.abort(grpc.StatusCode.OUT_OF_RANGE, _past_end(cursor, total))
+                        raise _EndCall(grpc.StatusCode.OUT_OF_RANGE, _past_end(cursor, total),
+                                       f"OUT_OF_RANGE (cursor past the end, {total:,} rows)")
                     if step >= num_steps(world, b, cursor, total):
                         return
                     wanted = step_rows(rank, world, b, cursor, step, total)
                 rows, padding = fill_batch(real, wanted, seq_len, pad_id)
-                yield encode_batch(rows, cursor=wanted.cursor, padding_rows=padding, step=step).SerializeToString()
+                message = encode_batch(rows, cursor=wanted.cursor, padding_rows=padding, step=step).SerializeToString()
+                yield message, len(wanted.rows), 0 if real is None else real.num_real_tokens
                 for row in faults.armed("serve-row"):
                     if row in wanted.rows:
                         faults.point("serve-row", row)
@@ -199,6 +214,15 @@ class PackFeedService:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this server packs rows of {m.seq_len} tokens, the client expects {req.expected_seq_len}",
             )
+
+
+class _EndCall(Exception):
+    """Ends a StreamBatches call with ``code`` and ``details`` (for the client); ``why`` is
+    what the server's disconnect line says."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, why: str) -> None:
+        super().__init__(details)
+        self.code, self.details, self.why = code, details, why
 
 
 def _past_end(cursor: int, total: int | None) -> str:
@@ -362,5 +386,6 @@ def drain(server: grpc.Server, service: PackFeedService, health_servicer: health
     """Graceful stop: report NOT_SERVING, end every stream after its current batch with
     UNAVAILABLE, refuse new calls, and wait up to ``grace_s`` for in-flight ones."""
     health_servicer.enter_graceful_shutdown()
+    service.draining = True
     service.hub.drain()
     server.stop(grace_s).wait()

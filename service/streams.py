@@ -47,6 +47,7 @@ class StreamSource:
     open_reader: OpenReader
     pack_window: PackWindow | None
     stats: RunStats | None = None  # packing accounting of the windows packed (pipeline only)
+    packed_stats: dict[str, Any] | None = None  # a packed directory's stats.json (packed before)
     known_first_rows: dict[int, int] = field(default_factory=dict)  # a packed dir knows them all
     known_total: int | None = None
     fixed_epoch_rows: list[int] | None = None  # a packed dir records its epochs' rows
@@ -159,6 +160,7 @@ def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
         sources=plan.get("sources", []), samples_per_epoch=int(plan.get("samples_per_epoch", 0)),
         manifest_key=f"{config['config_hash']}-packed-{first}", open_reader=open_reader, pack_window=pack_window,
         known_first_rows=known, known_total=first, fixed_epoch_rows=list(stats.get("epoch_rows") or [first]),
+        packed_stats=stats,
     )  # fmt: skip
 
 

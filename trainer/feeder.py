@@ -142,8 +142,8 @@ class RowFeeder:
 
     def packing_stats(self) -> dict:
         """Packing totals of the windows the reader has packed so far (empty in tests), and how
-        often the reader started (``reader_restarts``: once, plus once per jump to rows it no
-        longer held)."""
+        often the reader was started again (``reader_restarts``: one per jump back to rows the
+        feeder no longer held, 0 in a run without one)."""
         if self._stats is None:
             return {"reader_restarts": self.hub.restarts}
         stats = self._stats.to_dict(seq_len=self.seq_len, seconds=time.perf_counter() - self._started)

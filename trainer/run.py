@@ -60,7 +60,8 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     Raises ValueError when ``output`` already holds a run and neither ``resume`` (continue
     from its latest checkpoint, on exactly the rows an uninterrupted run would see next;
     ``"auto"``: if there is one, else start) nor ``overwrite`` (start again) is given. Everything that can be checked before Ray starts
-    (output, plan, tokenizer) is checked first. A resume of a finished run (its checkpoint at
+    (output, plan, tokenizer, the inputs' first rows and the chat template on them, the model's
+    name and vocabulary) is checked first. A resume of a finished run (its checkpoint at
     the last step, or its data used up) says so, changes nothing and returns its summary.
 
     SIGTERM or SIGINT stop the run after the step every rank can reach, checkpointed (no
@@ -76,9 +77,11 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
 def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | str, overwrite: bool,
            signals: StopSignals) -> dict[str, Any]:
     from packfeed.service.plan import build_plan
+    from packfeed.service.probe import describe, probe
     from packfeed.service.raycluster import init_ray
     from packfeed.service.tokenize import load_tokenizer
     from packfeed.service.writer import packed_dir_info
+    from packfeed.trainer.model import check_model
 
     resume_from, clear_previous = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
@@ -100,6 +103,11 @@ def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | 
             return _saved_summary(output, state)
         print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
               flush=True)
+    check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
+    if source[0] == "pipeline":  # as pack and serve: what the inputs hold, the chat template on them
+        for line in describe(probe(source[1], tokenizer), source[1]):
+            logger.info(line)
+        tokenizer.check_backend()  # under auto, a fast back-end refused at load is said now
     signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
     signals.check()
@@ -235,7 +243,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     if packing.get("sources"):
         summary["packing"]["sources"] = packing["sources"]
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
-    summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >1: a restarted group needed rows evicted
+    summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted
     if signals.requested and not (output / FINAL_PARTIAL / FINAL_STATE).exists():
         _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
     final_step = _publish_final(output, tokenizer)

@@ -15,8 +15,8 @@ only on loopback unless ``--insecure``. ``--tls-cert``/``--tls-key`` serve TLS.
 
 Shutdown: SIGTERM or SIGINT drain the server (in-flight batches finish, clients see
 UNAVAILABLE and resume from their cursor), then the reader is stopped and waited for, and Ray
-shut down, in that order: exit 0, no process left behind. A signal during start-up ends the
-server the same way once it has started.
+shut down (when one was started: a packed directory needs none), in that order: exit 0, no
+process left behind. A signal during start-up ends the server the same way once it has started.
 
 The manifest (first row of each window, stream length) is kept under ``--state-dir``, so a
 restarted server resumes any cursor by packing from the window that holds it.
@@ -241,10 +241,19 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     if metrics is not None:
         metrics.stop()
     t1 = time.perf_counter()
-    shutdown_ray()
-    logger.info("stopped (drained in %.1fs%s, Ray shut down in %.1fs)", t1 - t0,
-                "" if stopped else ", the reader did not stop in time", time.perf_counter() - t1)
+    ray_s = None
+    if ray_needed:  # a packed directory is served without Ray: nothing to shut down
+        shutdown_ray()
+        ray_s = time.perf_counter() - t1
+    logger.info("%s", stopped_line(t1 - t0, stopped, ray_s))
     return 1 if failed.is_set() else 0
+
+
+def stopped_line(drained_s: float, reader_stopped: bool, ray_s: float | None) -> str:
+    """The last line of a server: how long the drain took, and Ray's shutdown when there was a
+    Ray (``ray_s`` None: none was started). "stopped (drained in 0.4s, Ray shut down in 1.2s)"."""
+    return (f"stopped (drained in {drained_s:.1f}s" + ("" if reader_stopped else ", the reader did not stop in time")
+            + ("" if ray_s is None else f", Ray shut down in {ray_s:.1f}s") + ")")
 
 
 def _pipeline_source(args: argparse.Namespace):
@@ -266,8 +275,9 @@ def _pipeline_source(args: argparse.Namespace):
     os.environ["RAYON_NUM_THREADS"] = "1"
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)
-    for line in describe(probe(plan), plan):
+    for line in describe(probe(plan, tokenizer), plan):  # and the chat template on the rows it read
         logger.info(line)
+    tokenizer.check_backend()  # under auto, a fast back-end refused at load is said now, before Ray
     logger.info(init_ray(args.address))
     scaling = place_packing(packing, num_windows=plan.num_windows)
     return pipeline_source(config, plan, tokenizer, scaling)
@@ -290,7 +300,7 @@ def _status_loop(stop: threading.Event, hub, service, every: float) -> None:
     The wait is cut in short slices: a SIGTERM the kernel delivers to another thread (Ray and
     gRPC run many) does not wake the main thread's wait, and Python runs the handler only once
     the main thread wakes: a 30 s wait once delayed a drain by 30 s."""
-    last_rows, last_t = 0, time.monotonic()
+    last_rows, last_t = service.rows_sent, time.monotonic()
     while True:
         due = time.monotonic() + every
         while not stop.is_set() and time.monotonic() < due:
@@ -298,12 +308,29 @@ def _status_loop(stop: threading.Event, hub, service, every: float) -> None:
         if stop.is_set():
             return
         snap = hub.snapshot()
-        now = time.monotonic()
-        rate = (snap["rows_served"] - last_rows) / max(now - last_t, 1e-9)
-        last_rows, last_t = snap["rows_served"], now
+        now, rows = time.monotonic(), service.rows_sent
+        rate = (rows - last_rows) / max(now - last_t, 1e-9)
+        last_rows, last_t = rows, now
         if service.streams or rate:
             logger.info(
-                "serving: %d stream(s), %.0f rows/s served, buffer %s/%s rows, reader at row %s, slowest consumer %s "
-                "rows behind, %d catch-up window(s) packed", service.streams, rate, f"{snap['held_rows']:,}",
-                f"{snap['capacity']:,}", f"{snap['produced']:,}", f"{snap['max_lag']:,}", snap["catchup_windows"],
+                "serving: %d stream(s), %.0f rows/s served, buffer %s/%s rows, reader at row %s, %s, "
+                "%d catch-up window(s) packed", service.streams, rate, f"{snap['held_rows']:,}",
+                f"{snap['capacity']:,}", f"{snap['produced']:,}", consumers_status(snap["attached"], snap["max_lag"]),
+                snap["catchup_windows"],
             )
+
+
+def consumers_status(attached: int, max_lag: int) -> str:
+    """Where the consumers reading the buffer are, for the status line. A consumer's lag is
+    the reader's position minus the first row it asks for: positive, it reads rows already
+    made; zero or negative, it waits for rows the reader has yet to make.
+
+    (2, 300) -> "slowest consumer 300 rows behind the reader"; (2, -92) -> "every consumer
+    waiting for the reader (the nearest needs 93 more rows)"; (0, 0) -> "no consumer reading
+    the buffer" (none yet, or only far-behind or idle ones)."""
+    if attached == 0:
+        return "no consumer reading the buffer"
+    if max_lag > 0:
+        return f"slowest consumer {max_lag:,} row{'s' if max_lag != 1 else ''} behind the reader"
+    more = 1 - max_lag
+    return f"every consumer waiting for the reader (the nearest needs {more:,} more row{'s' if more != 1 else ''})"

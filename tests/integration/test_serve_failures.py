@@ -364,7 +364,11 @@ def test_server_sigterm_drains_and_client_resumes_after_restart(server, ref):
         close_all([stream])
 
     assert at_stop < steps, "the stream was still going when the server stopped"
-    assert "packfeed serve: stopped" in log_between(server, before, restarted)
+    stopping = log_between(server, before, restarted)
+    assert "packfeed serve: stopped" in stopping
+    # The server's own drain ended the call: its log says so, not "aborted (Exception)".
+    assert re.search(r"consumer disconnected: rank 0/1 \(.*: ended by the drain \(UNAVAILABLE", stopping), stopping
+    assert "aborted" not in stopping, stopping
     drained = [details for code, details in stream.recorder.calls if code == grpc.StatusCode.UNAVAILABLE]
     assert any(SHUTTING_DOWN in d for d in drained), stream.recorder.calls
     assert stream.reconnects > 0

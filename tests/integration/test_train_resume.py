@@ -182,7 +182,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
     summary = train(run, output=tmp_path / "run")
     assert (tmp_path / "drill" / f"train-step-{crash}-0.fired").exists(), "rank 0 did die after step 12"
     assert len({rec["pid"] for rec in read_jsonl(tmp_path / "run" / "rows" / "rank0.jsonl")}) == 2
-    assert summary["steps"] == steps and summary["reader_restarts"] >= 2, summary  # the reader went back for them
+    assert summary["steps"] == steps and summary["reader_restarts"] >= 1, summary  # the reader went back for them
     seen = rows_seen(tmp_path / "run")  # a step trained twice: the same rows, the same loss
     assert sorted(seen) == [(s, r) for s in range(1, steps + 1) for r in range(2)]
     for (step, rank), (indices, _) in seen.items():  # rank k of 2 gets the rows k mod 2 of its step

@@ -247,7 +247,8 @@ def test_strided_reads_return_the_stream_rows(world_size, batch_rows, cursor, ca
         assert all(g % world_size == k for g in rows), f"rank {k} got rows of another rank"
     assert hub.total_rows == stream.total
     assert hub.peak_held <= capacity
-    assert hub.restarts == 1 and stream.opened == [(0, 0)], "one pass needs one reader"
+    assert hub.reader_starts == 1 and stream.opened == [(0, 0)], "one pass needs one reader"
+    assert hub.restarts == 0 and hub.snapshot()["restarts"] == 0, "the first reader is no restart"
 
 
 def test_concurrent_consumers_at_different_positions():
@@ -331,7 +332,7 @@ def test_stalled_consumer_stalls_the_reader_not_the_memory():
     assert not fast_error, fast_error
     assert fast_got == list(range(stream.total))
     assert hub.peak_held <= capacity
-    assert hub.restarts == 1
+    assert hub.reader_starts == 1 and hub.restarts == 0
 
 
 def test_reader_without_consumers_fills_the_buffer_and_pauses():
@@ -374,7 +375,7 @@ def test_rows_below_the_buffer_restart_the_reader_at_their_window(tmp_path):
         for start in range(0, 608, 32):
             rows, _ = first.rows(range(start, start + 32))
             assert_rows(rows, range(start, start + 32))
-    assert hub.restarts == 1 and stream.opened == [(0, 0)]
+    assert hub.reader_starts == 1 and hub.restarts == 0 and stream.opened == [(0, 0)]
 
     late_row = 300  # long evicted (the buffer holds 192 rows)
     window = stream.window_of(late_row)
@@ -382,7 +383,7 @@ def test_rows_below_the_buffer_restart_the_reader_at_their_window(tmp_path):
     with hub.consumer(alive=alive_until()) as late:
         rows, _ = late.rows(range(late_row, late_row + 24, 3))
         assert_rows(rows, range(late_row, late_row + 24, 3))
-    assert hub.restarts == 2
+    assert hub.reader_starts == 2 and hub.restarts == 1 and hub.snapshot()["restarts"] == 1
     assert stream.opened == [(0, 0), (window, stream.starts[window])]
     wait_for(lambda: stream.closed >= 1, what="the superseded reader to be closed")
     hub.close()
@@ -394,7 +395,8 @@ def test_rows_below_the_buffer_restart_the_reader_at_their_window(tmp_path):
         rows, _ = resumed.rows(range(late_row, late_row + 2))
         assert_rows(rows, range(late_row, late_row + 2))
     hub2.close()
-    assert stream2.opened == [(window, stream.starts[window])] and hub2.restarts == 1
+    assert stream2.opened == [(window, stream.starts[window])]
+    assert hub2.reader_starts == 1 and hub2.restarts == 0, "a restarted server's first reader is no restart"
 
 
 def test_a_consumer_ahead_of_the_reader_jumps_to_a_known_window(tmp_path):
@@ -416,7 +418,38 @@ def test_a_consumer_ahead_of_the_reader_jumps_to_a_known_window(tmp_path):
     assert total == stream.total  # the manifest remembered the length
     window = stream2.window_of(far)
     assert stream2.opened == [(0, 0), (window, stream2.starts[window])]
-    assert hub.restarts == 2
+    assert hub.reader_starts == 2 and hub.restarts == 1
+
+
+# -- the snapshot (metrics and the status line) ----------------------------------------------
+
+
+def test_a_consumer_ahead_of_the_reader_has_a_negative_lag_and_is_said_to_wait():
+    """The lag (reader position - the consumer's first row) is negative while a consumer waits
+    for rows not made yet: the status line must not call it "-40 rows behind"."""
+    from packfeed.service.commands.serve import consumers_status
+
+    gate = threading.Event()  # holds the reader's first block back: nothing is produced yet
+    stream = SyntheticStream(gate=gate)
+    hub = make_hub(stream, capacity=128)
+    assert hub.snapshot()["attached"] == 0 and consumers_status(0, 0) == "no consumer reading the buffer"
+    got: list = []
+    with hub.consumer(alive=alive_until()) as c:
+        thread = threading.Thread(target=lambda: got.append(c.rows(range(40, 48))))
+        thread.start()
+        wait_for(lambda: hub.snapshot()["attached"] == 1, what="the consumer to wait")
+        snap = hub.snapshot()
+        assert snap["produced"] == 0 and snap["lags"] == {0: -40} and snap["max_lag"] == -40
+        assert consumers_status(snap["attached"], snap["max_lag"]) == \
+            "every consumer waiting for the reader (the nearest needs 41 more rows)"  # rows 0..40
+        gate.set()
+        thread.join(DEADLINE_S)
+        assert_rows(got[0][0], range(40, 48))
+        wait_for(lambda: hub.snapshot()["max_lag"] > 0, what="the reader to pass the consumer")
+        snap = hub.snapshot()
+        assert consumers_status(snap["attached"], snap["max_lag"]) == \
+            f"slowest consumer {snap['produced'] - 40:,} rows behind the reader"
+    hub.close()
 
 
 # -- the end of the stream, errors, shutdown --------------------------------------------------
@@ -692,7 +725,7 @@ def test_a_far_consumer_is_served_apart_and_never_moves_the_main_reader():
             rows, total = near.rows(range(start, min(start + 16, stream.total)))
             assert_rows(rows, range(start, min(start + 16, stream.total)))
     hub.close()
-    assert hub.restarts == 1, "the far consumer moved the main reader"
+    assert hub.restarts == 0, "the far consumer moved the main reader"
     assert stream.opened == [(0, 0)]
     assert stream.packed == [0], "row 0's window is packed once, then served from the cache"
     assert hub.catchup_windows == 1
@@ -711,7 +744,7 @@ def test_catch_up_crosses_windows_and_learns_the_end():
             assert_rows(rows, range(stream.total - 3, stream.total))
             assert total == stream.total
     hub.close()
-    assert hub.restarts == 1
+    assert hub.reader_starts == 1 and hub.restarts == 0
 
 
 def test_an_idle_consumer_stops_holding_the_reader_back():
