@@ -21,3 +21,17 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 export RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$PACKFEED_RAY_DIR/auth_token}"
 export RAY_ADDRESS="127.0.0.1:$PACKFEED_RAY_PORT"
 export PACKFEED_JOB_ADDRESS="http://127.0.0.1:$PACKFEED_DASHBOARD_PORT"
+
+# Exit at once with one line when no cluster answers at the job address, instead of Ray's
+# timeouts (~40 s) and traceback. Usage: require_cluster SCRIPT_NAME
+require_cluster() {
+    if ! timeout 2 bash -c ": </dev/tcp/127.0.0.1/$PACKFEED_DASHBOARD_PORT" 2>/dev/null; then
+        echo "$1: no cluster at $PACKFEED_JOB_ADDRESS; start one with bash deploy/local/start.sh" >&2
+        exit 1
+    fi
+    if [ "$RAY_AUTH_MODE" = "token" ] && [ ! -s "$RAY_AUTH_TOKEN_PATH" ]; then
+        echo "$1: a cluster answers at $PACKFEED_JOB_ADDRESS but there is no token at $RAY_AUTH_TOKEN_PATH;" \
+            "set PACKFEED_RAY_DIR to the one start.sh used" >&2
+        exit 1
+    fi
+}

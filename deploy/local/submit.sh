@@ -5,11 +5,13 @@
 #   PACKFEED_NO_WAIT=1 bash deploy/local/submit.sh serve service/assets/corpus/*.jsonl \
 #       --tokenizer service/assets/tokenizer --seq-len 2048 --port 50051
 # The working directory (this repository, without .venv, runs and .git) is uploaded and the job
-# runs in Ray's copy of it; relative --output / --state-dir paths are resolved against the
-# directory you run this script from (passed as $PACKFEED_SUBMIT_DIR), so outputs land there.
+# runs in Ray's copy of it; relative paths (--config, inputs, --tokenizer, --output, --state-dir)
+# are resolved against the directory you run this script from (passed as $PACKFEED_SUBMIT_DIR):
+# the job reads and writes your files, and its .packfeed/config.json records them, never the copy.
 set -euo pipefail
 SUBMIT_DIR="$PWD"
 source "$(dirname "$0")/env.sh"
+require_cluster submit.sh
 cd "$REPO"
 COMMAND=train
 case "${1:-}" in train|serve|pack) COMMAND=$1; shift ;; esac

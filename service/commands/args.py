@@ -94,7 +94,7 @@ def load_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = (user_dir() / path).read_text(encoding="utf-8")  # an absolute path stays as it is
     except OSError as e:
         raise ValueError(f"--config {path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
@@ -138,6 +138,7 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
         data.pop("sources", None)
         data.pop("samples_per_epoch", None)
         data["inputs"] = list(args.inputs)
+    DataConfig.check_keys(data)  # a typo ([[data.source]]) is named, not reported as missing inputs
     if "inputs" not in data and "sources" not in data:
         raise ValueError("missing INPUT... (or `inputs` / [[data.sources]] in the config file's [data] table)")
     for required in ("tokenizer", "seq_len"):
@@ -147,16 +148,27 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
 
 
 def absolute_paths(config: DataConfig) -> DataConfig:
-    """The config with its local paths (inputs, a tokenizer directory) made absolute: actors on
-    other nodes, and workers that do not share this process's directory, read them as given."""
+    """The config with its local paths (inputs, a tokenizer directory) made absolute, from
+    ``user_dir()``: actors on other nodes, and workers that do not share this process's
+    directory, read them as given, and ``.packfeed/config.json`` records them."""
     import dataclasses
 
+    base = user_dir()
+
     def local(path: str) -> str:
-        return os.path.abspath(path) if not os.path.isabs(path) and (os.path.exists(path) or glob_like(path)) else path
+        full = os.path.abspath(base / path)  # an absolute path stays as it is
+        return full if not os.path.isabs(path) and (os.path.exists(full) or glob_like(path)) else path
 
     sources = tuple(dataclasses.replace(s, paths=tuple(local(p) for p in s.paths)) for s in config.sources)
-    tokenizer = os.path.abspath(config.tokenizer) if os.path.isdir(config.tokenizer) else config.tokenizer
+    tokenizer = os.path.abspath(base / config.tokenizer) if os.path.isdir(base / config.tokenizer) else config.tokenizer
     return dataclasses.replace(config, sources=sources, tokenizer=tokenizer)
+
+
+def user_dir() -> Path:
+    """Where the user's relative paths start: the current directory, or in a Ray job submitted
+    by deploy/local/submit.sh (which runs in Ray's temporary copy of the working directory) the
+    directory submit.sh ran from, which it passes as $PACKFEED_SUBMIT_DIR."""
+    return Path(os.environ.get(SUBMIT_DIR_ENV) or os.getcwd())
 
 
 def glob_like(path: str) -> bool:

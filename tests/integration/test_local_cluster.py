@@ -1,13 +1,15 @@
-"""A real `ray start` cluster on 127.0.0.1, started and stopped by the deploy/local scripts.
+"""A real `ray start` cluster, started and stopped by the deploy/local scripts.
 
 `packfeed pack --address` joins it instead of starting its own Ray; `packfeed pack` submitted
-as a Ray job with a relative --output writes where it was submitted from; a training run
-submitted with `ray job submit` (deploy/local/submit.sh) and stopped by `ray job stop` ends
-STOPPED at a checkpoint, and submitted again with --resume finishes and writes a model that
-loads with `from_pretrained`; `packfeed serve` submitted the same way streams every sample to
-a client; status.sh prints a table; stop.sh leaves no process of the cluster and no port
-listening. Token authentication (on by default in Ray 2.60) is on. Another Ray (the session's
-embedded one) runs on this machine at the same time, as on a shared box.
+as a Ray job with relative inputs and --output reads and writes where it was submitted from,
+and records those paths; a training run submitted with `ray job submit`
+(deploy/local/submit.sh) and stopped by `ray job stop` ends STOPPED at a checkpoint, and
+submitted again with --resume finishes and writes a model that loads with `from_pretrained`;
+`packfeed serve` submitted the same way streams every sample to a client; status.sh prints a
+table; the dashboard listens on 127.0.0.1 only, the GCS on every interface; stop.sh leaves no
+process of the cluster and no port listening, and status.sh then says at once that there is
+no cluster. Token authentication (on by default in Ray 2.60) is on. Another Ray (the
+session's embedded one) runs on this machine at the same time, as on a shared box.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "deploy" / "local"
+STARTED: dict[str, str] = {}  # start.sh's output, kept by the fixture
 
 
 def _free_port() -> int:
@@ -64,7 +67,9 @@ def cluster_env():
     }
     env.pop("RAY_ADDRESS", None)
     try:
-        subprocess.run(["bash", str(LOCAL / "start.sh")], env=env, check=True, capture_output=True, timeout=180)
+        started = subprocess.run(["bash", str(LOCAL / "start.sh")], env=env, check=True, capture_output=True,
+                                 text=True, timeout=180)
+        STARTED["output"] = started.stdout + started.stderr
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN_PATH"] = f"{ray_dir}/auth_token"
         yield env
@@ -87,15 +92,27 @@ def test_pack_joins_the_running_cluster(cluster_env, tmp_path):
 
 
 def test_a_relative_output_of_a_job_lands_where_it_was_submitted(cluster_env, tmp_path):
-    """Issue: `submit.sh pack ... --output runs/job-pack` wrote into Ray's copy of the working dir."""
+    """Issues: `submit.sh pack ... --output runs/job-pack` wrote into Ray's copy of the working dir;
+    relative inputs and tokenizer were read in that copy and recorded in .packfeed/config.json
+    as paths into it (issue 24): they are the submitter's."""
+    (tmp_path / "corpus").mkdir()
+    for path in demo_corpus_paths():
+        (tmp_path / "corpus" / Path(path).name).symlink_to(path)
+    (tmp_path / "tok").symlink_to(demo_tokenizer_path())
+    inputs = sorted(f"corpus/{Path(p).name}" for p in demo_corpus_paths())
     proc = subprocess.run(
-        ["bash", str(LOCAL / "submit.sh"), "pack", *demo_corpus_paths(), "--tokenizer", demo_tokenizer_path(),
-         "--seq-len", "512", "--output", "runs/job-pack"],
+        ["bash", str(LOCAL / "submit.sh"), "pack", *inputs, "--tokenizer", "tok", "--seq-len", "512",
+         "--output", "runs/job-pack"],
         env=cluster_env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    stats = json.loads((tmp_path / "runs" / "job-pack" / ".packfeed" / "stats.json").read_text())
+    meta = tmp_path / "runs" / "job-pack" / ".packfeed"
+    stats = json.loads((meta / "stats.json").read_text())
     assert stats["samples_packed"] == 7500
+    data = json.loads((meta / "config.json").read_text())["data"]
+    assert [p for s in data["sources"] for p in s["paths"]] == [str(tmp_path / p) for p in inputs]
+    assert data["tokenizer"] == str(tmp_path / "tok")
+    assert "runtime_resources" not in (meta / "config.json").read_text(), "no path into Ray's copy"
 
 
 def test_ray_job_stop_checkpoints_and_a_resubmitted_resume_writes_the_model(cluster_env, tmp_path):
@@ -198,6 +215,15 @@ def test_stop_leaves_no_process_of_the_cluster_and_frees_its_ports(cluster_env):
     finally:
         sys.path.remove(str(LOCAL))
     before = cluster_processes(f"{ray_dir}/tmp")
+    # what start.sh's comment and the README say: the dashboard (the jobs) on loopback only, the
+    # GCS on every interface (token authentication refuses other hosts); no pointer to `ray stop`
+    addresses: dict[int, set[str]] = {}
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN:
+            addresses.setdefault(c.laddr.port, set()).add(c.laddr.ip)
+    assert addresses[int(cluster_env["PACKFEED_DASHBOARD_PORT"])] == {"127.0.0.1"}
+    assert addresses[int(cluster_env["PACKFEED_RAY_PORT"])] & {"0.0.0.0", "::"}
+    assert "deploy/local/stop.sh" in STARTED["output"] and "ray stop" not in STARTED["output"], STARTED["output"]
     names = " ".join(" ".join(p.cmdline()) for p in before)
     assert "ray.util.client.server" in names and any(p.name().startswith("ray::") or "agent" in " ".join(p.cmdline()).lower()
                                                     for p in before), "the cluster's client server and agents are found"
@@ -208,3 +234,9 @@ def test_stop_leaves_no_process_of_the_cluster_and_frees_its_ports(cluster_env):
                                           "PACKFEED_CLIENT_PORT")}
     listening = {c.laddr.port for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
     assert not ports & listening
+    # issue 24: with no cluster, status.sh waited ~40 s and printed a Ray traceback
+    status = subprocess.run(["bash", str(LOCAL / "status.sh")], env=cluster_env, capture_output=True, text=True,
+                            timeout=30)
+    address = f"http://127.0.0.1:{cluster_env['PACKFEED_DASHBOARD_PORT']}"
+    assert status.returncode == 1 and status.stdout == "", status.stdout + status.stderr
+    assert status.stderr == f"status.sh: no cluster at {address}; start one with bash deploy/local/start.sh\n"

@@ -201,8 +201,7 @@ TRAIN_GROUP = ["spec", "rayClusterSpec", "workerGroupSpecs", 0]
     pytest.param(TRAIN_GROUP + ["labels", "packfeed/role"], 1, "is not of type 'string'", id="label-not-a-string"),
     pytest.param(TRAIN_GROUP + ["template", "spec", "containers", 0, "resources", "limits", "cpu"], "eight",
                  "does not match", id="bad-quantity"),
-    pytest.param(["spec", "deletionStrategy", "deletionRules", 0, "policy"], "DeleteAll", "is not one of",
-                 id="unknown-deletion-policy"),
+    pytest.param(["spec", "shutdownAfterJobFinishes"], "yes", "is not of type 'boolean'", id="string-for-boolean"),
 ])
 def test_the_schema_check_rejects_a_broken_manifest(path, value, expected):
     doc = copy.deepcopy(find("RayJob", "packfeed-train"))
@@ -230,11 +229,15 @@ def _workers(doc):
     pytest.param(lambda d: _workers(d)[0]["labels"].update({"packfeed/role": "packer node"}),
                  "not a Kubernetes label value", id="label-value-with-a-space"),
     pytest.param(lambda d: _workers(d)[0].update(minReplicas=5), "greater than maxReplicas", id="min-above-max"),
-    pytest.param(lambda d: d["spec"].update(shutdownAfterJobFinishes=True), "mutually exclusive",
+    pytest.param(lambda d: d["spec"].update(deletionStrategy={"deletionRules": [
+        {"policy": "DeleteCluster", "condition": {"jobStatus": "FAILED"}}]}), "mutually exclusive",
                  id="deletionRules-and-shutdownAfterJobFinishes"),
-    pytest.param(lambda d: d["spec"]["deletionStrategy"]["deletionRules"].append(
-        {"policy": "DeleteWorkers", "condition": {"jobStatus": "FAILED"}}), "not supported with autoscaling",
-                 id="DeleteWorkers-with-autoscaling"),
+    pytest.param(lambda d: d["spec"].update(
+        shutdownAfterJobFinishes=False, ttlSecondsAfterFinished=0,
+        deletionStrategy={"deletionRules": [{"policy": "DeleteWorkers", "condition": {"jobStatus": "FAILED"}}]}),
+                 "not supported with autoscaling", id="DeleteWorkers-with-autoscaling"),
+    pytest.param(lambda d: d["spec"].update(shutdownAfterJobFinishes=False), "needs shutdownAfterJobFinishes",
+                 id="ttl-without-shutdown"),
     pytest.param(lambda d: d["spec"]["rayClusterSpec"].update(rayVersion="2.51.0"), "2.52.0", id="token-auth-old-ray"),
     pytest.param(lambda d: d["metadata"].update(name="packfeed_train"), "DNS-1035", id="name-with-underscore"),
 ])
@@ -242,6 +245,72 @@ def test_the_operator_rules_reject_a_broken_job(change, expected):
     doc = copy.deepcopy(find("RayJob", "packfeed-train"))
     change(doc)
     assert any(expected in e for e in operator_rule_errors(doc)), operator_rule_errors(doc)
+
+
+# Fields the KubeRay operator refuses unless one of its feature gates is on (v1.7: pkg/features/
+# features.go, controllers/ray/utils/validation.go). RayJobDeletionPolicy is beta and on by
+# default since 1.6, alpha and off before; the others are alpha and off.
+CLUSTER_GATES = {"networkPolicy": "RayClusterNetworkPolicy", "tlsOptions": "RayClusterMTLS",
+                 "historyServerOptions": "RayClusterHistoryServer"}
+
+
+def feature_gated_fields(doc: dict) -> list[str]:
+    """The fields of ``doc`` that need an operator feature gate, each with the gate's name."""
+    spec, found = doc["spec"], []
+    if doc["kind"] == "RayJob" and "deletionStrategy" in spec:
+        found.append("spec.deletionStrategy: RayJobDeletionPolicy")
+    cluster = spec if doc["kind"] == "RayCluster" else spec.get("rayClusterSpec", {})
+    found += [f"{key}: {gate}" for key, gate in CLUSTER_GATES.items() if key in cluster]
+    found += [f"workerGroupSpecs[{g['groupName']}].suspend: RayJobDeletionPolicy"
+              for g in cluster.get("workerGroupSpecs", []) if g.get("suspend")]
+    if cluster.get("gcsFaultToleranceOptions", {}).get("backend") == "rocksdb":
+        found.append("gcsFaultToleranceOptions.backend rocksdb: GCSFaultToleranceEmbeddedStorage")
+    return found
+
+
+@pytest.mark.parametrize("item", RAY_DOCS, ids=doc_id)
+def test_ray_documents_need_no_operator_feature_gate(item):
+    """Issue 24: train-job.yaml used deletionStrategy.deletionRules, which an operator without
+    the RayJobDeletionPolicy gate (KubeRay 1.5 and earlier by default) refuses."""
+    assert not feature_gated_fields(item[1]), f"{doc_id(item)}: {feature_gated_fields(item[1])}"
+
+
+@pytest.mark.parametrize("change, expected", [
+    pytest.param(lambda d: d["spec"].update(deletionStrategy={"deletionRules": []}), "RayJobDeletionPolicy",
+                 id="deletionStrategy"),
+    pytest.param(lambda d: d["spec"]["rayClusterSpec"].update(tlsOptions={}), "RayClusterMTLS", id="tlsOptions"),
+    pytest.param(lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0].update(suspend=True),
+                 "RayJobDeletionPolicy", id="suspended-group"),
+])
+def test_the_feature_gate_check_finds_a_gated_field(change, expected):
+    doc = copy.deepcopy(find("RayJob", "packfeed-train"))
+    change(doc)
+    assert any(expected in f for f in feature_gated_fields(doc)), feature_gated_fields(doc)
+
+
+@pytest.mark.parametrize("item", JOBS, ids=doc_id)
+def test_a_job_deletes_its_own_cluster_after_any_end(item):
+    """shutdownAfterJobFinishes acts on every end (succeeded, failed, stopped, never started);
+    KubeRay's deletionRules match no stopped job, whose GPU pods would stay until the RayJob is
+    deleted. A job on a cluster it does not own leaves it alone."""
+    spec = item[1]["spec"]
+    if "rayClusterSpec" not in spec:
+        assert not spec.get("shutdownAfterJobFinishes"), "a selected cluster is not the job's to delete"
+        return
+    assert spec.get("shutdownAfterJobFinishes") is True and 0 < spec["ttlSecondsAfterFinished"] <= 900, spec
+
+
+def test_every_pod_writes_the_shared_volume_as_the_images_user_and_storage_yaml_says_which():
+    """Issue 24: fsGroup does not chown most ReadWriteMany (NFS) volumes, so which uid writes
+    them is set in every pod (the image's user, who owns its files) and named in storage.yaml."""
+    copies = [rest for kind, rest in dockerfile_instructions(DOCKER / "Dockerfile") if kind == "COPY"]
+    uid, gid = (int(x) for x in re.search(r"--chown=(\d+):(\d+)", copies[0]).groups())
+    for name, cluster in CLUSTER_SPECS:
+        for group_name, group in groups(cluster):
+            context = group["template"]["spec"].get("securityContext", {})
+            assert (context.get("runAsUser"), context.get("runAsGroup"), context.get("fsGroup")) == (uid, gid, gid), \
+                f"{name} {group_name}: {context}"
+    assert f"chown -R {uid}:{gid}" in (K8S / "storage.yaml").read_text()
 
 
 @pytest.mark.parametrize("item", OTHER_DOCS, ids=doc_id)
@@ -458,3 +527,32 @@ def test_a_stopped_train_job_has_the_time_to_checkpoint_before_any_kill():
     head = cluster_of(job)["headGroupSpec"]
     stop_wait = int(yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"])
     assert 60 <= stop_wait < head["template"]["spec"]["terminationGracePeriodSeconds"]
+
+
+# --- deploy/local: a job submitted by submit.sh ---------------------------------------------------
+
+
+def test_a_submitted_jobs_relative_paths_are_the_submitters_not_rays_copy(tmp_path, monkeypatch):
+    """Issue 24: a job of deploy/local/submit.sh runs in Ray's temporary copy of the working
+    directory; its relative --config, inputs and tokenizer were read there and recorded in
+    .packfeed/config.json as paths into that copy. They start where submit.sh ran (the
+    PACKFEED_SUBMIT_DIR it passes), as a relative --output does."""
+    user, copy_dir = tmp_path / "user", tmp_path / "ray_pkg"  # the copy holds the same relative paths
+    for root, seq_len in ((user, 64), (copy_dir, 32)):
+        (root / "data").mkdir(parents=True)
+        (root / "data" / "a.jsonl").write_text('{"text": "a"}\n')
+        (root / "tok").mkdir()
+        (root / "job.toml").write_text(f'[data]\ninputs = ["data/*.jsonl"]\ntokenizer = "tok"\nseq_len = {seq_len}\n')
+    monkeypatch.chdir(copy_dir)
+    monkeypatch.setenv("PACKFEED_SUBMIT_DIR", str(user))
+
+    def config(*argv: str):
+        args = build_parser().parse_args(["pack", "--config", "job.toml", "--output", "out", *argv])
+        return data_config_from_args(args, load_config_file(args.config))
+
+    from_file, from_flag = config(), config("data/a.jsonl")
+    assert from_file.seq_len == 64, "the submitter's job.toml, not the copy's"
+    assert [s.paths for s in from_file.sources] == [(str(user / "data" / "*.jsonl"),)]
+    assert [s.paths for s in from_flag.sources] == [(str(user / "data" / "a.jsonl"),)]
+    assert from_file.tokenizer == from_flag.tokenizer == str(user / "tok")
+    assert str(copy_dir) not in str(from_file.to_dict()) + str(from_flag.to_dict())
