@@ -17,6 +17,9 @@ import pytest
 # registration, wait for the next poll. Every run of the suite polls every 0.25 s (set before
 # any Ray starts, so the controllers of embedded Rays and local clusters inherit it).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# Ray Train starts an actor per run that watches for node preemption (spot instances): no node
+# of a test is preempted, and the actor's process start cost each run ~2 s on 2 cores.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 HERE = Path(__file__).parent
 

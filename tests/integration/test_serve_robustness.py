@@ -37,6 +37,7 @@ from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import SERVICE_NAME
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import decode_batch_bytes
+from packfeed.service.cli import main
 from packfeed.service.faults import FAULTS_ENV
 from serve_support import (
     CORPUS,
@@ -207,7 +208,7 @@ def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
         _, rows = read_all(server.target)  # the whole stream once: the manifest knows every window
         end = len(rows) - len(rows) % 4 - 8
         rss, actors = [], []
-        for i in range(8):  # a lone consumer jumping between the ends: each jump restarts the reader
+        for i in range(6):  # a lone consumer jumping between the ends: each jump restarts the reader
             cursor = 0 if i % 2 else end
             with PackedStream(server.target, batch_rows=4, state={"version": 1, "cursor": cursor, "step": 0,
                                                                     "config_hash": None, "seq_len": None}) as s:
@@ -216,7 +217,7 @@ def test_reader_restarts_leave_no_actor_and_flat_memory(tmp_path):
             rss.append(psutil.Process(server.proc.pid).memory_info().rss)
             actors.append(ray_actor_processes(server.proc.pid))
         log = server.log.read_text()
-    assert log.count("packing from window") >= 7, "the jumps did restart the reader"
+    assert log.count("packing from window") >= 5, "the jumps did restart the reader"
     assert actors[2], "the packing actors were seen (else the pile-up check below is empty)"
     assert len(actors[-1]) <= len(actors[2]) + 1, f"actors pile up: {actors[2]} -> {actors[-1]}"
     assert not any("StatsSink" in a for a in actors[-1])
@@ -291,20 +292,24 @@ def test_startup_mistakes_fail_before_ray_with_the_cause(tmp_path):
         assert "Ray: started" not in p.stderr and "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("command", ["pack", "serve"])
-def test_more_cpus_per_worker_than_any_node_has_fails_fast(tmp_path, command):
-    """Issue: --cpus-per-worker above the cluster hung forever (serve even reported SERVING)."""
-    extra = ["--output", str(tmp_path / "out")] if command == "pack" else ["--port", "0", "--state-dir",
-                                                                          str(tmp_path / "s")]
+def test_more_cpus_per_worker_than_any_node_has_fails_fast(tmp_path, ray_cluster, capsys):
+    """Issue: --cpus-per-worker above the cluster hung forever (serve even reported SERVING).
+    serve in a process of its own with its embedded Ray (2 CPUs); pack, which places its
+    actors with the same check, in this process on the suite's Ray (2 CPUs)."""
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "packfeed.service.cli", command, *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512",
-         "--cpus-per-worker", "64", *extra],
+        [sys.executable, "-m", "packfeed.service.cli", "serve", *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512",
+         "--cpus-per-worker", "64", "--port", "0", "--state-dir", str(tmp_path / "s")],
         capture_output=True, text=True, timeout=180, cwd=REPO, env={**os.environ, **ENV},
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "packing actors: 1 x (64 CPU) do not fit" in proc.stderr and "largest node 2" in proc.stderr
     assert "Traceback" not in proc.stderr and time.monotonic() - start < 90
+    capsys.readouterr()
+    assert main(["pack", *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512", "--cpus-per-worker", "64",
+                 "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "packing actors: 1 x (64 CPU) do not fit" in err and "largest node 2" in err and "Traceback" not in err
 
 
 # -- a failure inside the pipeline ------------------------------------------------------------------
