@@ -47,9 +47,9 @@ IN_PROCESS = r"""
 import json, sys, time
 t0 = time.perf_counter()
 from packfeed.service.commands.args import data_config_from_args, add_data_arguments
-from packfeed.service.pipeline import PackingPipeline
-from packfeed.service.plan import build_plan
-from packfeed.service.raycluster import init_ray
+from packfeed.service.pipeline.ray_pipeline import PackingPipeline
+from packfeed.service.data.plan import build_plan
+from packfeed.service.pipeline.raycluster import init_ray
 import argparse
 p = argparse.ArgumentParser(); add_data_arguments(p)
 args = p.parse_args(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Shuffle quality and read cost of the block size (``[data] block_samples``).
 
-A source is read as passes of seeded blocks of consecutive rows (service/mixture.py). Smaller
+A source is read as passes of seeded blocks of consecutive rows (service/data/mixture.py). Smaller
 blocks mix a sorted source better; every block is one seek (JSONL) or one more row group to
 decode (Parquet). This bench measures both on one synthetic source sorted by topic (8 files of
 one topic each, 200k rows, ~600 bytes a row), windows of 8192 samples:
@@ -26,9 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packfeed.service.config import DataConfig
-from packfeed.service.plan import build_plan
-from packfeed.service.sources import read_window
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import build_plan
+from packfeed.service.inputs.sources import read_window
 
 TOPICS = 8
 WINDOW = 8192

@@ -136,7 +136,7 @@ if kind == "hf":
     backend = tok.backend_tokenizer
     encode = lambda batch: sum(len(e.ids) for e in backend.encode_batch_fast(batch, add_special_tokens=False))
 else:
-    from packfeed.service.tokenizer_backend import load_fast
+    from packfeed.service.tokenize.backend import load_fast
     fast, _ = load_fast(tok.backend_tokenizer, threads=1)
     special = kind == "fast_special"  # quicktok's own special-token scan; else ordinary text
     encode = lambda batch: len(fast.quick.encode_batch(batch, 1, special)[0])
@@ -219,14 +219,14 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
     os.environ["RAYON_NUM_THREADS"] = "1"
     from transformers import AutoTokenizer
 
-    from packfeed.service.arrow_rows import rows_to_arrow
-    from packfeed.service.config import DataConfig
+    from packfeed.service.packed.arrow_rows import rows_to_arrow
+    from packfeed.service.data.config import DataConfig
     from packfeed.service.packing import assemble_rows, pack
-    from packfeed.service.plan import build_plan
-    from packfeed.service.sources import read_window
-    from packfeed.service.tokenize import SampleTokenizer, _ChatRenderer
-    from packfeed.service.window import row_order
-    from packfeed.service.writer import ParquetRowWriter
+    from packfeed.service.data.plan import build_plan
+    from packfeed.service.inputs.sources import read_window
+    from packfeed.service.tokenize.samples import SampleTokenizer, _ChatRenderer
+    from packfeed.service.pipeline.window import row_order
+    from packfeed.service.packed.writer import ParquetRowWriter
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     st = SampleTokenizer(tok, backend=backend, num_threads=1)
@@ -277,11 +277,11 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
 STREAM_SCRIPT = r"""
 import json, sys, tempfile, time
 import psutil
-from packfeed.service.config import DataConfig
-from packfeed.service.pipeline import PackingPipeline
-from packfeed.service.plan import build_plan
-from packfeed.service.raycluster import init_ray
-from packfeed.service.writer import ParquetRowWriter
+from packfeed.service.data.config import DataConfig
+from packfeed.service.pipeline.ray_pipeline import PackingPipeline
+from packfeed.service.data.plan import build_plan
+from packfeed.service.pipeline.raycluster import init_ray
+from packfeed.service.packed.writer import ParquetRowWriter
 corpus, tokenizer, backend, seq_len, window, write = sys.argv[1:7]
 me = psutil.Process()
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from packfeed.service.commands.args import HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
-from packfeed.service.raycluster import Terminated, prepare_ray_env, shutdown_ray
+from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, shutdown_ray
 
 GROUP = "packfeed.commands"
 

@@ -1,6 +1,6 @@
 """Typed, validated configuration of a training run: model, optimisation, scaling.
 
-The data section is ``packfeed.service.config.DataConfig`` (the same as ``packfeed pack``).
+The data section is ``packfeed.service.data.config.DataConfig`` (the same as ``packfeed pack``).
 A run is ``RunConfig(data=..., model=..., train=..., scaling=...)``; ``from_dict`` reads the
 ``[data]``, ``[model]``, ``[train]`` and ``[scaling]`` tables of a TOML config file. Runtime
 objects (rank, world size, device, Ray handles) are arguments, never config.
@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from packfeed.service.config import DataConfig, check_known_keys, close_match
-from packfeed.service.hub import PIECE_ROWS
-from packfeed.service.placement import check_resources, check_selector
+from packfeed.service.data.config import DataConfig, check_known_keys, close_match
+from packfeed.service.delivery.hub import PIECE_ROWS
+from packfeed.service.pipeline.placement import check_resources, check_selector
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -141,7 +141,7 @@ class TrainScaling:
     GPU per train worker when the cluster has GPUs. ``packing_max_workers`` above
     ``packing_workers`` lets the packing pool autoscale between the two.
 
-    Placement (see packfeed.service.placement): ``packer_labels`` / ``trainer_labels`` /
+    Placement (see packfeed.service.pipeline.placement): ``packer_labels`` / ``trainer_labels`` /
     ``driver_labels`` are Ray label selectors for the packing actors, the train workers and the
     feeder; None (default) means the ``packfeed/role`` defaults when the cluster's nodes carry
     that label, nothing otherwise. ``packer_resources`` / ``trainer_resources``: custom

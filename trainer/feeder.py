@@ -3,7 +3,7 @@
 Ray Train's own dataset sharding (``streaming_split``) hands blocks to whichever worker asks
 first, so which rank trains on which row is not reproducible. packfeed instead reads the
 ordered stream in ONE place, this actor, through the same ``RowHub`` as ``packfeed serve``,
-and hands out rows with the same rule (``service/assign.py``): at step s, rank k of N gets the
+and hands out rows with the same rule (``service/delivery/assign.py``): at step s, rank k of N gets the
 B = grad_accum x micro_batch_rows rows of the step whose global index is k mod N, the last
 step filled with flagged padding rows. Rank k's micro-batch m is rows m*M .. (m+1)*M - 1 of
 its B. The answer is a function of the stream only, so an interrupted-then-resumed run, a run
@@ -35,8 +35,8 @@ from typing import Any
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.stream import STATE_VERSION
-from packfeed.service.assign import check_request, fill_batch, num_steps, split_micro_batches, step_rows
-from packfeed.service.hub import Manifest, OpenReader, RowHub
+from packfeed.service.delivery.assign import check_request, fill_batch, num_steps, split_micro_batches, step_rows
+from packfeed.service.delivery.hub import Manifest, OpenReader, RowHub
 
 logger = logging.getLogger(__name__)
 

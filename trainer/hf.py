@@ -105,9 +105,9 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
 
 def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
     import datasets
-    from packfeed.service.arrow_rows import ROW_SCHEMA
+    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
 
-    from packfeed.service.writer import packed_dir_info, part_files
+    from packfeed.service.packed.writer import packed_dir_info, part_files
 
     files = part_files(path)
     if not files or packed_dir_info(path) is None:
@@ -132,7 +132,7 @@ def _from_ray(dataset: Any) -> Any:
     import datasets
     import pyarrow as pa
     from datasets.table import InMemoryTable
-    from packfeed.service.arrow_rows import ROW_SCHEMA
+    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
 
     import pyarrow.compute as pc
 

@@ -62,7 +62,7 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> None:
     Cost: milliseconds."""
     from transformers import AutoConfig
 
-    from packfeed.service.tokenize import looks_local
+    from packfeed.service.tokenize.samples import looks_local
 
     if config.is_tiny:
         tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)

@@ -1,12 +1,12 @@
 """Placement of a training run: resolve the selectors of [scaling] against the cluster and
-check, before anything is started, that every actor can be placed (service/placement.py)."""
+check, before anything is started, that every actor can be placed (service/pipeline/placement.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packfeed.service import placement
-from packfeed.service.pipeline import Scaling
+from packfeed.service.pipeline import placement
+from packfeed.service.pipeline.ray_pipeline import Scaling
 from packfeed.trainer.config import TrainScaling
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from packfeed.service import faults
-from packfeed.service.stats import run_failure
+from packfeed.service.pipeline.stats import run_failure
 from packfeed.trainer.checkpoint import (
     FINAL_DIR,
     FINAL_PARTIAL,
@@ -76,11 +76,11 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
 
 def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | str, overwrite: bool,
            signals: StopSignals) -> dict[str, Any]:
-    from packfeed.service.plan import build_plan
-    from packfeed.service.probe import describe, probe
-    from packfeed.service.raycluster import init_ray
-    from packfeed.service.tokenize import load_tokenizer
-    from packfeed.service.writer import packed_dir_info
+    from packfeed.service.data.plan import build_plan
+    from packfeed.service.data.probe import describe, probe
+    from packfeed.service.pipeline.raycluster import init_ray
+    from packfeed.service.tokenize.samples import load_tokenizer
+    from packfeed.service.packed.writer import packed_dir_info
     from packfeed.trainer.model import check_model
 
     resume_from, clear_previous = _prepare_output(output, resume=resume, overwrite=overwrite)
@@ -352,9 +352,9 @@ class StreamFeeder(RowFeeder):
 
     def __init__(self, config: Any, source: tuple, scaling: Any, *, output: str, state: dict | None,
                  saved_manifest: dict | None, pad_id: int, faults_env: dict | None = None, **layout: Any) -> None:
-        from packfeed.service.raycluster import quiet_ray
-        from packfeed.service.streams import packed_dir_source, pipeline_source
-        from packfeed.service.tokenize import load_tokenizer
+        from packfeed.service.pipeline.raycluster import quiet_ray
+        from packfeed.service.delivery.streams import packed_dir_source, pipeline_source
+        from packfeed.service.tokenize.samples import load_tokenizer
         from packfeed.trainer.feeder import load_manifest
 
         quiet_ray()

@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from packfeed.service.config import (
+from packfeed.service.data.config import (
     DEFAULT_BLOCK_SAMPLES,
     FORMATS,
     LOSS_MODES,
@@ -181,7 +181,7 @@ def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = No
     unknown = sorted(set(table) - set(PACKING_KEYS) - set(TRAIN_SCALING_KEYS))
     if unknown:
         raise ValueError(f"unknown [scaling] keys {unknown}; known: {sorted(PACKING_KEYS + TRAIN_SCALING_KEYS)}")
-    from packfeed.service import placement
+    from packfeed.service.pipeline import placement
 
     def pick(key: str, flag: str, value: Any, default: Any = None) -> tuple[str, Any]:
         return (flag, value) if value is not None else (f"[scaling] {key}", table.get(key, default))
@@ -232,8 +232,8 @@ def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
 def place_packing(packing: dict[str, Any], *, num_windows: int):
     """After Ray started: the packing Scaling with its selector resolved against the nodes,
     checked to fit (a request no node can satisfy fails here, with the numbers)."""
-    from packfeed.service import placement
-    from packfeed.service.pipeline import Scaling, resolve_workers
+    from packfeed.service.pipeline import placement
+    from packfeed.service.pipeline.ray_pipeline import Scaling, resolve_workers
 
     nodes = placement.node_resources()
     packer = placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, nodes)

@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service.stats import format_summary, upgrade_stats
-    from packfeed.service.writer import packed_dir_info
+    from packfeed.service.pipeline.stats import format_summary, upgrade_stats
+    from packfeed.service.packed.writer import packed_dir_info
 
     info = packed_dir_info(args.directory)  # an unfinished pack: ValueError saying what is there
     if info is None:
@@ -59,8 +59,8 @@ def decode_row(directory: Path, index: int, tokenizer_name: str) -> str:
     import pyarrow.parquet as pq
 
     from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
-    from packfeed.service.tokenize import load_tokenizer
-    from packfeed.service.writer import part_files
+    from packfeed.service.tokenize.samples import load_tokenizer
+    from packfeed.service.packed.writer import part_files
 
     first = 0
     for f in part_files(directory):

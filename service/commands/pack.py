@@ -43,10 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service.plan import build_plan
-    from packfeed.service.probe import describe, probe
-    from packfeed.service.tokenize import load_tokenizer
-    from packfeed.service.writer import ParquetRowWriter, prepare_output
+    from packfeed.service.data.plan import build_plan
+    from packfeed.service.data.probe import describe, probe
+    from packfeed.service.tokenize.samples import load_tokenizer
+    from packfeed.service.packed.writer import ParquetRowWriter, prepare_output
 
     positive_number("--progress-seconds", args.progress_seconds)
     base = load_config_file(args.config)
@@ -72,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _pack(args, config, plan, packing, open_writer, tokenizer) -> int:
     from packfeed.client.rows import check_rows
-    from packfeed.service.pipeline import PackingPipeline
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline
     from packfeed.service.progress import Progress
-    from packfeed.service.raycluster import init_ray
-    from packfeed.service.stats import format_summary, run_failure
+    from packfeed.service.pipeline.raycluster import init_ray
+    from packfeed.service.pipeline.stats import format_summary, run_failure
 
     start = time.perf_counter()
     logger.info(init_ray(args.address))

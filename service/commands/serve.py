@@ -6,7 +6,7 @@
 
 One process: the packing pipeline (embedded local Ray, or ``--address``/$RAY_ADDRESS; as a
 Ray job the job's cluster), one RowHub holding a bounded buffer of rows, and a gRPC server
-whose consumers read it by global row index (service/server.py). It prints
+whose consumers read it by global row index (service/delivery/server.py). It prints
 ``packfeed serve: listening on HOST:PORT`` on a line of its own once it accepts calls.
 
 Security: a bearer token from ``--auth-token-file`` or $PACKFEED_AUTH_TOKEN is required on
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from packfeed.client.transport import TOKEN_ENV, resolve_token
-from packfeed.service.raycluster import shutdown_ray
+from packfeed.service.pipeline.raycluster import shutdown_ray
 from packfeed.service.commands.args import (
     add_data_arguments,
     data_config_from_args,
@@ -130,9 +130,9 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service.hub import Manifest
-    from packfeed.service.server import check_tls_files, port_problem
-    from packfeed.service.writer import packed_dir_info
+    from packfeed.service.delivery.hub import Manifest
+    from packfeed.service.delivery.server import check_tls_files, port_problem
+    from packfeed.service.packed.writer import packed_dir_info
 
     token = read_token(args.auth_token_file)
     check_args(args, token)
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _packed_source(args: argparse.Namespace, packed: dict):
-    from packfeed.service.streams import packed_dir_source
+    from packfeed.service.delivery.streams import packed_dir_source
 
     stream_flags = ("tokenizer", "epochs", "strategy", "overlong", "format", "loss", "add_eos", "seed", "window_samples",
                     "block_samples")
@@ -185,8 +185,8 @@ def _serve(args, token, tls, source, state_dir: Path, ray_needed: bool, Manifest
     from grpc_health.v1 import health_pb2
 
     from packfeed.client.transport import SERVICE_NAME
-    from packfeed.service.hub import RowHub
-    from packfeed.service.server import PackFeedService, build_server, drain
+    from packfeed.service.delivery.hub import RowHub
+    from packfeed.service.delivery.server import PackFeedService, build_server, drain
 
     started = time.perf_counter()
     failed, stop = threading.Event(), threading.Event()
@@ -259,11 +259,11 @@ def stopped_line(drained_s: float, reader_stopped: bool, ray_s: float | None) ->
 def _pipeline_source(args: argparse.Namespace):
     """Everything checkable before Ray (config, plan, tokenizer, probe), then Ray and the
     packing pipeline's source."""
-    from packfeed.service.plan import build_plan
-    from packfeed.service.probe import describe, probe
-    from packfeed.service.raycluster import init_ray
-    from packfeed.service.streams import pipeline_source
-    from packfeed.service.tokenize import load_tokenizer
+    from packfeed.service.data.plan import build_plan
+    from packfeed.service.data.probe import describe, probe
+    from packfeed.service.pipeline.raycluster import init_ray
+    from packfeed.service.delivery.streams import pipeline_source
+    from packfeed.service.tokenize.samples import load_tokenizer
 
     base = load_config_file(args.config)
     config = data_config_from_args(args, base)

@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 def ray_cluster():
     import ray
 
-    from packfeed.service.raycluster import agent_on_a_free_port
+    from packfeed.service.pipeline.raycluster import agent_on_a_free_port
 
     if not ray.is_initialized():
         with agent_on_a_free_port():  # Ray's fixed port would slow every other Ray's start by 4 s
@@ -46,6 +46,6 @@ def ray_cluster():
 def pytest_runtest_teardown(item, nextitem):
     """The shared Ray ends when the next test is not one of this directory's (or none is)."""
     if nextitem is None or HERE not in Path(nextitem.path).parents:
-        from packfeed.service.raycluster import shutdown_ray
+        from packfeed.service.pipeline.raycluster import shutdown_ray
 
         shutdown_ray()

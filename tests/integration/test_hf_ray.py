@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from packfeed.service.arrow_rows import rows_from_arrow
+from packfeed.service.packed.arrow_rows import rows_from_arrow
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-from packfeed.service.config import DataConfig
-from packfeed.service.tokenize import SampleTokenizer
-from packfeed.service.window import process_window
+from packfeed.service.data.config import DataConfig
+from packfeed.service.tokenize.samples import SampleTokenizer
+from packfeed.service.pipeline.window import process_window
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
 
 pytestmark = pytest.mark.integration
@@ -35,8 +35,8 @@ def small_corpus(tmp_path):
 
 
 def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_corpus):
-    from packfeed.service.pipeline import PackingPipeline, Scaling
-    from packfeed.service.plan import build_plan
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, Scaling
+    from packfeed.service.data.plan import build_plan
 
     config = DataConfig.from_inputs((small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)
     plan = build_plan(config)

@@ -19,8 +19,8 @@ from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, check_
 from packfeed.client.stream import PackedStream
 from serve_support import DEMO_SAMPLES, METRICS, REPO, ServerProcess, demo_args, scrape
 
-from packfeed.service.stats import Counts, RunStats, WindowStats
-from packfeed.service.writer import ParquetRowWriter
+from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats
+from packfeed.service.packed.writer import ParquetRowWriter
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from serve_support import CORPUS, TOKENIZER, ServerProcess
 from stream_client import row_digest, row_records
 
 from packfeed.service.cli import main
-from packfeed.service.writer import read_packed_dir
+from packfeed.service.packed.writer import read_packed_dir
 
 pytestmark = pytest.mark.integration
 

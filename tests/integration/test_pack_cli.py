@@ -26,7 +26,7 @@ from packfeed.client.rows import IGNORE_INDEX, check_rows
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
-from packfeed.service.writer import read_packed_dir
+from packfeed.service.packed.writer import read_packed_dir
 
 pytestmark = pytest.mark.integration
 
@@ -323,7 +323,7 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
     machine, and the agent still answers (it used to retry for 3.5 s, then start without it)."""
     script = (
         "import {first}, os, urllib.request\n"
-        "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
+        "from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray\n"
         "print(init_ray('local'))\n"
         "import ray\n"
         "print('a task returned', ray.get(ray.remote(lambda: 2).remote()))\n"
@@ -341,7 +341,7 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
     except OSError:  # held already (another Ray on this machine): taken all the same
         pass
     with taken:
-        for first in ("ray", "packfeed.service.pipeline"):
+        for first in ("ray", "packfeed.service.pipeline.ray_pipeline"):
             out = subprocess.run([sys.executable, "-c", script.format(first=first)], capture_output=True, text=True,
                                  timeout=180, cwd=tmp_path)  # fmt: skip
             assert out.returncode == 0 and "a task returned 2" in out.stdout, (first, out.stderr[-3000:])
@@ -359,10 +359,10 @@ def test_no_ray_data_thread_outlives_its_reader_or_ray():
     script = (
         "import threading\n"
         "from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path\n"
-        "from packfeed.service.config import DataConfig\n"
-        "from packfeed.service.pipeline import PackingPipeline, Scaling\n"
-        "from packfeed.service.plan import build_plan\n"
-        "from packfeed.service.raycluster import init_ray, shutdown_ray\n"
+        "from packfeed.service.data.config import DataConfig\n"
+        "from packfeed.service.pipeline.ray_pipeline import PackingPipeline, Scaling\n"
+        "from packfeed.service.data.plan import build_plan\n"
+        "from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray\n"
         "init_ray('local')\n"
         "config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,\n"
         "                                window_samples=1024)\n"

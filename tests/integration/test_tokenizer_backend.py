@@ -18,7 +18,7 @@ from unit.tokenizer_fixtures import merge_order_trap, qwen_tokenizer_dir
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
-from packfeed.service.writer import read_packed_dir
+from packfeed.service.packed.writer import read_packed_dir
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
 from packfeed.service.packing import assemble_rows, pack  # noqa: E402
 from packfeed.client.rows import select_rows  # noqa: E402
-from packfeed.service.assign import fill_batch, split_micro_batches, step_rows  # noqa: E402
+from packfeed.service.delivery.assign import fill_batch, split_micro_batches, step_rows  # noqa: E402
 from packfeed.trainer.config import ModelConfig  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402
 from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
@@ -55,7 +55,7 @@ def packed_micro_batches() -> list[list]:
         packing, np.concatenate(tokens), np.concatenate(labels), offsets,
         np.arange(len(tokens)), seq_len=SEQ_LEN, pad_id=PAD_ID,
     )
-    # The feeder's contract (service/assign.py): rank k gets the rows whose index is k mod N,
+    # The feeder's contract (service/delivery/assign.py): rank k gets the rows whose index is k mod N,
     # the last step filled with padding rows, split into ACCUM micro-batches.
     batch_rows = ACCUM * MICRO_ROWS
     assert rows.num_rows <= WORLD * batch_rows, "the samples must fit one step"

@@ -24,7 +24,7 @@ import pytest
 from train_support import corpus_head
 
 from packfeed.service.assets import demo_tokenizer_path
-from packfeed.service.config import DataConfig
+from packfeed.service.data.config import DataConfig
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
@@ -213,7 +213,7 @@ def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(in
 def test_pack_once_train_from_the_packed_directory(ray_cluster, run_config, small_corpus, tmp_path):
     """A `packfeed pack` directory trains as it is: rank k of step s gets its rows k mod N."""
     from packfeed.service.cli import main
-    from packfeed.service.writer import read_packed_dir
+    from packfeed.service.packed.writer import read_packed_dir
     from packfeed.trainer.run import train
 
     packed = tmp_path / "packed"

@@ -40,7 +40,7 @@ from train_support import (
     write_config,
 )
 
-from packfeed.service.raycluster import Terminated
+from packfeed.service.pipeline.raycluster import Terminated
 from packfeed.trainer.stopping import StopSignals
 
 pytestmark = pytest.mark.integration

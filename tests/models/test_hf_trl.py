@@ -23,11 +23,11 @@ trl = pytest.importorskip("trl")
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import ROW_COLUMNS, PackedRows, check_rows
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-from packfeed.service.config import DataConfig
-from packfeed.service.plan import build_plan
-from packfeed.service.tokenize import SampleTokenizer
-from packfeed.service.window import process_window
-from packfeed.service.writer import ParquetRowWriter, read_packed_dir
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import build_plan
+from packfeed.service.tokenize.samples import SampleTokenizer
+from packfeed.service.pipeline.window import process_window
+from packfeed.service.packed.writer import ParquetRowWriter, read_packed_dir
 from packfeed.trainer.config import ModelConfig
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
 from packfeed.trainer.model import build_model
@@ -83,7 +83,7 @@ def test_packed_hf_dataset_keeps_every_row_and_column(packed_dir, tmp_path):
     assert str(dataset.features["input_ids"].feature.dtype) == "int32"
     assert str(dataset.features["sample_ids"].feature.dtype) == "int64"
     table = dataset.with_format("arrow")[:]
-    from packfeed.service.arrow_rows import rows_from_arrow
+    from packfeed.service.packed.arrow_rows import rows_from_arrow
 
     got = rows_from_arrow(table)
     for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "segment_splits", "row_index"):

@@ -2,7 +2,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows, check_rows, positions_from_seq_lens
-from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
+from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 
 
 def golden_rows() -> PackedRows:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows
-from packfeed.service.assign import (
+from packfeed.service.delivery.assign import (
     CursorOutOfRange,
     check_request,
     concat_rows,

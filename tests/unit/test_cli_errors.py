@@ -84,7 +84,7 @@ def test_a_typo_in_the_tokenizer_path_is_named(capsys, good, tmp_path):
 ])
 def test_a_hub_id_is_not_taken_for_a_missing_directory(name, local):
     """Tokenizer and model names: a path that does not exist is named at once; a Hub id is loaded."""
-    from packfeed.service.tokenize import looks_local
+    from packfeed.service.tokenize.samples import looks_local
 
     assert looks_local(name) is local
 
@@ -187,7 +187,7 @@ def test_an_output_over_the_input_is_refused(capsys, good, tmp_path):
 def test_overwrite_keeps_the_previous_output_when_a_later_check_fails(capsys, good, tmp_path):
     """``--overwrite`` removed the previous rows before the tokenizer, the inputs and Ray's address
     were checked: a typo cost a good dataset."""
-    from packfeed.service.writer import ParquetRowWriter
+    from packfeed.service.packed.writer import ParquetRowWriter
 
     out = tmp_path / "o"
     ParquetRowWriter(out, seq_len=64, config_hash="h").close(config={"previous": True}, stats={"rows": 0})

@@ -12,14 +12,14 @@ import re
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
-from packfeed.service.config import DataConfig
-from packfeed.service.plan import build_plan
-from packfeed.service.probe import describe, probe
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import build_plan
+from packfeed.service.data.probe import describe, probe
 from packfeed.service.progress import Progress
-from packfeed.service.stats import Counts, RunStats, WindowStats
-from packfeed.service.tokenize import SampleTokenizer
-from packfeed.service.window import process_window
-from packfeed.service.writer import ParquetRowWriter
+from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats
+from packfeed.service.tokenize.samples import SampleTokenizer
+from packfeed.service.pipeline.window import process_window
+from packfeed.service.packed.writer import ParquetRowWriter
 
 CHAT = {"messages": [{"role": "user", "content": "What color is the sky?"},
                      {"role": "assistant", "content": "The sky is blue."}]}

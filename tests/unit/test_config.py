@@ -1,6 +1,6 @@
 import pytest
 
-from packfeed.service.config import DataConfig
+from packfeed.service.data.config import DataConfig
 
 BASE = dict(inputs=("a.jsonl",), tokenizer="tok", seq_len=128)
 
@@ -132,6 +132,6 @@ def test_seq_len_is_bounded_and_says_so():
     pytest.param(["*.jsonl"], "data", id="bare-glob"),
 ])
 def test_default_source_names(paths, name):
-    from packfeed.service.config import default_source_name
+    from packfeed.service.data.config import default_source_name
 
     assert default_source_name(paths) == name

@@ -45,7 +45,7 @@ from deploy_support import (
     volume_at,
     volume_file_key,
 )
-from packfeed.service import placement
+from packfeed.service.pipeline import placement
 from packfeed.service.cli import build_parser
 from packfeed.service.commands import serve
 from packfeed.service.commands.args import data_config_from_args, load_config_file, packing_from_args

@@ -28,8 +28,8 @@ from packfeed.client.rows import (
     check_rows,
     positions_from_seq_lens,
 )
-from packfeed.service.assign import num_steps, step_rows
-from packfeed.service.hub import PIECE_ROWS, ConsumerGone, HubClosed, Manifest, RowHub
+from packfeed.service.delivery.assign import num_steps, step_rows
+from packfeed.service.delivery.hub import PIECE_ROWS, ConsumerGone, HubClosed, Manifest, RowHub
 
 SEQ_LEN = 8
 BLOCK_ROWS = 50  # the synthetic reader yields a window in blocks of this many rows

@@ -1,4 +1,4 @@
-"""The mixture arithmetic (service/mixture.py): per-epoch counts, windows that hold every
+"""The mixture arithmetic (service/data/mixture.py): per-epoch counts, windows that hold every
 source in proportion, and each source's seeded sequence of passes. Pure numpy, no files."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packfeed.service.mixture import SourceOrder, epoch_counts, window_bounds
+from packfeed.service.data.mixture import SourceOrder, epoch_counts, window_bounds
 
 
 # ---- per-epoch counts ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Placement (service/placement.py, trainer/placement.py): label selectors matched as Ray
+"""Placement (service/pipeline/placement.py, trainer/placement.py): label selectors matched as Ray
 matches them, role defaults only on labelled clusters, and requests that can never be placed
 refused with the numbers. Pure: nodes are dicts as ``node_resources()`` returns them."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from packfeed.service.placement import check_fits, label_matches, resolve
+from packfeed.service.pipeline.placement import check_fits, label_matches, resolve
 from packfeed.trainer.config import TrainScaling
 from packfeed.trainer.placement import check_placement
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packfeed.service.config import DataConfig, SourceConfig
-from packfeed.service.mixture import SourceOrder
-from packfeed.service.plan import auto_window, build_plan
-from packfeed.service.sources import read_window
+from packfeed.service.data.config import DataConfig, SourceConfig
+from packfeed.service.data.mixture import SourceOrder
+from packfeed.service.data.plan import auto_window, build_plan
+from packfeed.service.inputs.sources import read_window
 
 
 def write_source(directory, name: str, rows: int, files: int = 1) -> list[str]:

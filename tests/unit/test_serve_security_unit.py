@@ -15,7 +15,7 @@ import pytest
 from packfeed.client.transport import TOKEN_ENV
 from packfeed.service.commands import serve
 from packfeed.service.commands.serve import check_args, is_loopback, read_token
-from packfeed.service.server import check_tls_files
+from packfeed.service.delivery.server import check_tls_files
 
 
 def serve_args(*argv: str) -> argparse.Namespace:

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packfeed.service import sources
-from packfeed.service.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
-from packfeed.service.sources import Piece, plan_windows, read_window
+from packfeed.service.inputs import sources
+from packfeed.service.inputs.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
+from packfeed.service.inputs.sources import Piece, plan_windows, read_window
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 RECORDS = [
@@ -413,8 +413,8 @@ def corrupt_second_row_group(path) -> None:
 
 
 def test_a_corrupt_row_group_costs_its_own_rows_only(tmp_path):
-    from packfeed.service.config import DataConfig
-    from packfeed.service.plan import build_plan
+    from packfeed.service.data.config import DataConfig
+    from packfeed.service.data.plan import build_plan
 
     path = tmp_path / "x.parquet"
     texts = [f"row {i} " + "abcdefghij" * 20 for i in range(200)]
@@ -585,7 +585,7 @@ def test_bad_sample_error_survives_pickling_across_processes():
     """Raised inside a Ray actor, it must reach the driver intact (strict mode's message)."""
     import pickle
 
-    from packfeed.service.records import BadSampleError, Skip
+    from packfeed.service.inputs.records import BadSampleError, Skip
 
     error = BadSampleError(Skip(7, "a.jsonl", 7, "malformed_json", "bad", line=8))
     again = pickle.loads(pickle.dumps(error))

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from packfeed.service.records import Skip
-from packfeed.service.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats, format_summary, upgrade_stats
+from packfeed.service.inputs.records import Skip
+from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats, format_summary, upgrade_stats
 
 
 def window(index: int, epoch: int, per_source: dict[int, dict], examples=()) -> WindowStats:

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfeed.client.rows import IGNORE_INDEX
-from packfeed.service.records import BadSampleError, Conversation, PromptCompletion
-from packfeed.service.sources import Piece, RawWindow, WindowSpec, plan_windows, read_window
-from packfeed.service.tokenize import ChatTemplateError, SampleTokenizer, TokenizedSamples
+from packfeed.service.inputs.records import BadSampleError, Conversation, PromptCompletion
+from packfeed.service.inputs.sources import Piece, RawWindow, WindowSpec, plan_windows, read_window
+from packfeed.service.tokenize.samples import ChatTemplateError, SampleTokenizer, TokenizedSamples
 
 from tokenizer_fixtures import CHATML, WORDS, qwen_tokenizer_dir, sample, show, word_tokenizer
 
@@ -374,7 +374,7 @@ def test_qwen_text_and_prompt_completion(qwen):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), style=st.sampled_from(["chatml", "gemma"]))
 def test_span_edges_match_offsets(toks, data, style):
-    from packfeed.service.encoders import span_tokens, span_tokens_from_offsets
+    from packfeed.service.tokenize.encoders import span_tokens, span_tokens_from_offsets
 
     words = data.draw(st.lists(st.sampled_from(plain_words + ["<|im_end|>", "<end_of_turn>"]), min_size=1, max_size=12))
     gaps = data.draw(st.lists(st.sampled_from([" ", "\n", "          ", ""]), min_size=len(words), max_size=len(words)))
@@ -399,7 +399,7 @@ def test_completion_starting_with_uncovered_characters(toks):
     ],
 )  # fmt: skip
 def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
-    from packfeed.service.tokenize import _append_eos
+    from packfeed.service.tokenize.samples import _append_eos
 
     new_lengths, out_ids, out_trained = _append_eos(
         np.asarray(lengths, np.int64), np.asarray(ids, np.int32), np.asarray(trained, bool), 0
@@ -411,7 +411,7 @@ def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_ranges_to_mask_equals_a_per_token_union(data):
-    from packfeed.service.tokenize import _ranges_to_mask
+    from packfeed.service.tokenize.samples import _ranges_to_mask
 
     lengths = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
     ranges = [data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=3)) for n in lengths]

@@ -30,14 +30,14 @@ from tokenizer_fixtures import (
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.commands.args import add_data_arguments, data_config_from_args
-from packfeed.service.config import DataConfig
-from packfeed.service.encoders import FastEncoder, HFEncoder
-from packfeed.service.records import Conversation, PromptCompletion
-from packfeed.service.plan import build_plan
-from packfeed.service.sources import read_window
-from packfeed.service.tokenize import SampleTokenizer, TokenizedSamples
-from packfeed.service.tokenizer_backend import FastPathRefused, load_fast, verification_sample
-from packfeed.service.window import process_window
+from packfeed.service.data.config import DataConfig
+from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
+from packfeed.service.inputs.records import Conversation, PromptCompletion
+from packfeed.service.data.plan import build_plan
+from packfeed.service.inputs.sources import read_window
+from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
+from packfeed.service.tokenize.backend import FastPathRefused, load_fast, verification_sample
+from packfeed.service.pipeline.window import process_window
 
 SPLIT_CHARS = "🦩🪿龘ꙮ𓀀"  # each is two or three byte tokens in Qwen's vocabulary
 
@@ -262,7 +262,7 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
         SampleTokenizer(tok, backend="fast")
     auto = SampleTokenizer(tok, backend="auto")
     assert auto.backend == "undecided"
-    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenizer_backend"):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.backend"):
         for _ in range(3):
             assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), auto.tokenize(window(records)))
     assert auto.backend == "hf" and reason in auto.backend_report["reason"]
@@ -271,7 +271,7 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
 
 
 def fallback_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenizer_backend"]
+    return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenize.backend"]
 
 
 def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog):
@@ -282,7 +282,7 @@ def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog)
     with pytest.raises(FastPathRefused, match=r"tokens differ from HF on mem\.jsonl row 1 \(sample 1\) at token 5"):
         fast.tokenize(window(records))
     auto = SampleTokenizer(tok)
-    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenizer_backend"):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.backend"):
         out = auto.tokenize(window(records))
     assert auto.backend == "hf" and "row 1 (sample 1)" in auto.backend_report["reason"]
     assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), out)
@@ -338,13 +338,13 @@ def test_backend_is_configurable_but_not_part_of_the_stream_identity():
 
 
 def test_a_runs_back_end_choices_are_logged_once_each(caplog):
-    from packfeed.service.tokenizer_backend import log_choices
+    from packfeed.service.tokenize.backend import log_choices
 
     refused = {"tokenizer": "t", "requested": "auto", "backend": "hf", "reason": "quicktok refused the import: x"}
     proven = {"tokenizer": "t", "requested": "auto", "backend": "fast", "reason": "verified"}
     asked = {"tokenizer": "t", "requested": "hf", "backend": "hf", "reason": "requested"}
     checks: list = []
-    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenizer_backend"):
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.backend"):
         for new in ([refused, refused], [asked], [refused, proven], [proven]):  # actors reporting, window by window
             said = len(checks)
             checks.extend(new)
@@ -358,12 +358,12 @@ def test_a_refusal_at_load_is_said_by_the_driver_before_the_actors_report_it(cap
     """Issue 24: under auto the fallback reason came only after Ray started (from the actors'
     window stats). ``check_backend`` runs the load-time checks on the driver and says it; the
     actors' identical reports are not said again."""
-    from packfeed.service.tokenizer_backend import log_choices
+    from packfeed.service.tokenize.backend import log_choices
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
     driver = SampleTokenizer(tok)
-    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenizer_backend"):
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.backend"):
         line = driver.check_backend()
         assert driver.backend == "hf" and driver.check_backend() is None  # decided: said once
         actor = SampleTokenizer(tok)  # a packing actor: undecided until its first window

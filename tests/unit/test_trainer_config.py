@@ -193,7 +193,7 @@ def test_wrong_types_in_the_train_config_are_named(table, value, match):
 def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
     from types import SimpleNamespace
 
-    from packfeed.service.config import DataConfig
+    from packfeed.service.data.config import DataConfig
     from packfeed.trainer.run import check_resume
 
     run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))

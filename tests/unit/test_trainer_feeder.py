@@ -18,8 +18,8 @@ import pytest
 
 from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.client.stream import STATE_VERSION
-from packfeed.service.assign import num_steps
-from packfeed.service.hub import Manifest
+from packfeed.service.delivery.assign import num_steps
+from packfeed.service.delivery.hub import Manifest
 from packfeed.trainer.feeder import STOP, RowFeeder
 
 SEQ_LEN, PAD_ID, HASH = 4, 0, "cafe"

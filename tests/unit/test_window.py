@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from packfeed.service.records import Skip
-from packfeed.service.sources import RawWindow
-from packfeed.service.tokenize import TokenizedSamples
-from packfeed.service.window import _tokenize
+from packfeed.service.inputs.records import Skip
+from packfeed.service.inputs.sources import RawWindow
+from packfeed.service.tokenize.samples import TokenizedSamples
+from packfeed.service.pipeline.window import _tokenize
 
 
 class Tokenizes:

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packfeed.client.rows import PackedRows, check_rows
-from packfeed.service.writer import META_DIR, ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
+from packfeed.service.packed.writer import META_DIR, ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
 
 SEQ = 8
 

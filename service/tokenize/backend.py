@@ -42,10 +42,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import TOKENIZER_BACKENDS
-from .encoders import FastEncoder, HFEncoder
-from .records import Conversation, PromptCompletion
-from .sources import RawWindow
+from packfeed.service.data.config import TOKENIZER_BACKENDS
+from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
+from packfeed.service.inputs.records import Conversation, PromptCompletion
+from packfeed.service.inputs.sources import RawWindow
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
-from packfeed.service.config import DataConfig
+from packfeed.service.data.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
-from packfeed.service.plan import StreamPlan
-from packfeed.service.records import record_format
-from packfeed.service.sources import RawWindow, WindowSpec, read_window
-from packfeed.service.stats import MAX_SKIP_EXAMPLES, WindowStats
-from packfeed.service.tokenize import SampleTokenizer, TokenizedSamples
+from packfeed.service.data.plan import StreamPlan
+from packfeed.service.inputs.records import record_format
+from packfeed.service.inputs.sources import RawWindow, WindowSpec, read_window
+from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, WindowStats
+from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 
 
 def row_order(seed: int, window_index: int, num_rows: int) -> np.ndarray:

@@ -4,7 +4,7 @@
 
 * ``packfeed.v1.PackFeed`` (protos/packfeed/v1/packfeed.proto): ``Describe`` and the
   server-streaming ``StreamBatches``. Each call is one consumer of the hub: step after step it
-  asks the hub for its rows (service/assign.py says which), fills the tail with flagged
+  asks the hub for its rows (service/delivery/assign.py says which), fills the tail with flagged
   padding rows and sends one serialized PackedBatch per step. Requests arrive as raw bytes and
   are parsed here, so a malformed one is an INVALID_ARGUMENT answer, not a server error.
 * the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
@@ -53,10 +53,10 @@ from packfeed.client.rows import IGNORE_INDEX
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
-from packfeed.service.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
+from packfeed.service.delivery.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
 from packfeed.service.errors import root_cause
-from packfeed.service.hub import ConsumerGone, HubClosed, RowHub
-from packfeed.service.streams import StreamSource
+from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
+from packfeed.service.delivery.streams import StreamSource
 
 logger = logging.getLogger("packfeed")
 AUTH_LOG_INTERVAL_S = 10.0  # at most one line about refused calls this often

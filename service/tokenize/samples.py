@@ -57,11 +57,11 @@ import numpy as np
 
 from packfeed.client.rows import IGNORE_INDEX
 
-from .config import LOSS_MODES
-from .encoders import Encoded
-from .records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, PromptCompletion, Skip
-from .sources import RawWindow
-from .tokenizer_backend import BACKENDS, EncoderChoice
+from packfeed.service.data.config import LOSS_MODES
+from packfeed.service.tokenize.encoders import Encoded
+from packfeed.service.inputs.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, PromptCompletion, Skip
+from packfeed.service.inputs.sources import RawWindow
+from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 

@@ -36,12 +36,12 @@ import ray
 
 from packfeed.client.rows import PackedRows
 from packfeed.service import faults
-from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
-from packfeed.service.config import DataConfig
-from packfeed.service.plan import StreamPlan
-from packfeed.service.raycluster import stopping_block_prefetchers
-from packfeed.service.stats import RunStats, WindowStats
-from packfeed.service.tokenizer_backend import log_choices
+from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import StreamPlan
+from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
+from packfeed.service.pipeline.stats import RunStats, WindowStats
+from packfeed.service.tokenize.backend import log_choices
 
 PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))
 
@@ -54,7 +54,7 @@ class WindowActor:
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
-        from packfeed.service.tokenize import SampleTokenizer
+        from packfeed.service.tokenize.samples import SampleTokenizer
 
         self.config, self.plan = config, plan
         common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend,
@@ -69,7 +69,7 @@ class WindowActor:
         self.source_names = [s.name for s in plan.sources]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
-        from packfeed.service.window import process_window
+        from packfeed.service.pipeline.window import process_window
 
         tables = []
         for k in batch["window"]:
@@ -226,7 +226,7 @@ def resolve_workers(scaling: Scaling, num_windows: int) -> int:
     if scaling.num_workers is not None:
         wanted = scaling.num_workers
     else:
-        from packfeed.service.placement import label_matches, node_resources
+        from packfeed.service.pipeline.placement import label_matches, node_resources
 
         cpus = sum(float(n["resources"].get("CPU", 0)) for n in node_resources()
                    if label_matches(n["labels"], scaling.label_selector))

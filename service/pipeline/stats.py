@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from packfeed.service.records import Skip
+from packfeed.service.inputs.records import Skip
 
 MAX_SKIP_EXAMPLES = 5
 _INT_FIELDS = ("samples_read", "samples_packed", "truncated", "split", "dropped", "tokens", "trained_tokens")

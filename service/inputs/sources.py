@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .records import (
+from packfeed.service.inputs.records import (
     BLANK_LINE,
     EMPTY_FIELD,
     INVALID_UTF8,
@@ -57,7 +57,7 @@ from .records import (
     InvalidRecord,
     Skip,
 )
-from .writer import read_json_object
+from packfeed.service.packed.writer import read_json_object
 
 logger = logging.getLogger("packfeed")
 
@@ -353,8 +353,8 @@ def _expand_dir(path: str) -> list[tuple[str, str]]:
 def plan_windows(inputs: Sequence[str] | str, *, window_samples: int, format: str = "auto") -> list[WindowSpec]:
     """The windows of ``inputs`` read in file order: one source, no shuffle, one epoch (the
     simple form, for tests and tools; runs plan mixtures with ``plan.build_plan``)."""
-    from packfeed.service.config import DataConfig
-    from packfeed.service.plan import build_plan
+    from packfeed.service.data.config import DataConfig
+    from packfeed.service.data.plan import build_plan
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     config = DataConfig.from_inputs(paths, tokenizer="-", seq_len=2, window_samples=window_samples, block_samples=0,

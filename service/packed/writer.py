@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows
-from packfeed.service.arrow_rows import ROW_SCHEMA, rows_to_arrow
+from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_to_arrow
 
 META_DIR = ".packfeed"
 # ~32 MiB of token columns per row group at L=4096 (3 int32 columns * 4096 * 4 B * 682).
@@ -208,7 +208,7 @@ def part_files(out_dir: str | Path) -> list[Path]:
 
 def read_packed_dir(out_dir: str | Path) -> PackedRows:
     """Read a whole output directory back (for tests and small outputs; streams are in files)."""
-    from packfeed.service.arrow_rows import rows_from_arrow
+    from packfeed.service.packed.arrow_rows import rows_from_arrow
 
     files = part_files(out_dir)
     if not files:

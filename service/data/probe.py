@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from packfeed.service.plan import StreamPlan, file_pieces
-from packfeed.service.records import record_format
-from packfeed.service.sources import WindowSpec, read_window
+from packfeed.service.data.plan import StreamPlan, file_pieces
+from packfeed.service.inputs.records import record_format
+from packfeed.service.inputs.sources import WindowSpec, read_window
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _auto_formats(s, reports: list[FileProbe]) -> set[str]:
     """Formats the probed rows would have with format auto (for the hint)."""
     from dataclasses import replace
 
-    from packfeed.service.plan import SourcePlan
+    from packfeed.service.data.plan import SourcePlan
 
     auto: SourcePlan = replace(s, format="auto")
     found: set[str] = set()

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from packfeed.client.rows import PackedRows
-from packfeed.service.hub import Manifest, OpenReader, PackWindow
-from packfeed.service.stats import RunStats
+from packfeed.service.delivery.hub import Manifest, OpenReader, PackWindow
+from packfeed.service.pipeline.stats import RunStats
 
 logger = logging.getLogger("packfeed")
 
@@ -80,10 +80,10 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
     """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
     SampleTokenizer (pad id, vocabulary, and the catch-up path's packing); ``scaling``: the
     packing actors' Scaling."""
-    from packfeed.service.pipeline import PackingPipeline, new_run_stats
-    from packfeed.service.tokenize import SampleTokenizer
-    from packfeed.service.tokenizer_backend import log_choices
-    from packfeed.service.window import process_window
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, new_run_stats
+    from packfeed.service.tokenize.samples import SampleTokenizer
+    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.pipeline.window import process_window
 
     stats = new_run_stats(plan)
     tokenizers = {
@@ -121,8 +121,8 @@ def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
     """The rows of a finished ``packfeed pack`` directory (``info``: writer.packed_dir_info)."""
     import pyarrow.parquet as pq
 
-    from packfeed.service.arrow_rows import ROW_SCHEMA, rows_from_arrow
-    from packfeed.service.writer import part_files
+    from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow
+    from packfeed.service.packed.writer import part_files
 
     config, stats = info["config"], info["stats"]
     groups: list[tuple[Path, int, int]] = []  # (file, row group, first row)
@@ -167,7 +167,7 @@ def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
 def report_end_of_stream(stats: RunStats, seq_len: int) -> None:
     """The packing report at the end of the stream: totals, sources, skips (why, which); no
     time or rate (windows were packed by several readers, at the consumers' pace)."""
-    from packfeed.service.stats import format_summary
+    from packfeed.service.pipeline.stats import format_summary
 
     summary = {k: v for k, v in stats.to_dict(seq_len=seq_len, seconds=0.0).items()
                if k not in ("seconds", "tokens_per_second")}

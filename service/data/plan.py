@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from packfeed.service.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
-from packfeed.service.mixture import SourceOrder, epoch_counts, window_bounds
-from packfeed.service.sources import MAX_SEEK_STRIDE, FileScan, Piece, WindowSpec, expand_inputs, scan_file
+from packfeed.service.data.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
+from packfeed.service.data.mixture import SourceOrder, epoch_counts, window_bounds
+from packfeed.service.inputs.sources import MAX_SEEK_STRIDE, FileScan, Piece, WindowSpec, expand_inputs, scan_file
 
 logger = logging.getLogger("packfeed")
 

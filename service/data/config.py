@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from packfeed.service.mixture import check_share
+from packfeed.service.data.mixture import check_share
 
 STRATEGIES = ("bfd", "concat", "exactfit")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
