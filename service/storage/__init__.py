@@ -1,0 +1,30 @@
+"""Storage: every path a URI (local, s3://, gs://, abfs://, hdfs://, any fsspec protocol).
+
+uri.py resolves a URI to a pyarrow filesystem and a path; redact.py keeps credentials out of
+every message; glob.py expands globs with one meaning on disk and on a store (a store listed
+once); reads.py reads by byte range (coalesced, checked against the plan's version); objects.py
+stats, writes atomically and deletes by prefix; retry.py retries transient failures of remote requests and
+counts requests, retries and bytes per process; errors.py makes every failure one line.
+"""
+
+from packfeed.service.storage.errors import StorageError
+from packfeed.service.storage.glob import expand, has_magic, listing, local_glob, match
+from packfeed.service.storage.objects import (
+    ObjectInfo,
+    check_unchanged,
+    delete_prefix,
+    exists,
+    stat,
+    write_bytes_atomic,
+)
+from packfeed.service.storage.reads import coalesce, open_input, read_bytes, read_range, read_ranges
+from packfeed.service.storage.redact import display, scrub
+from packfeed.service.storage.retry import COUNTERS, RetryPolicy, StorageCounts, current_policy, set_policy
+from packfeed.service.storage.uri import is_remote, join, resolve, scheme_of
+
+__all__ = [
+    "COUNTERS", "ObjectInfo", "RetryPolicy", "StorageCounts", "StorageError",
+    "check_unchanged", "coalesce", "current_policy", "delete_prefix", "display", "exists", "expand",
+    "has_magic", "is_remote", "join", "listing", "local_glob", "match", "open_input", "read_bytes",
+    "read_range", "read_ranges", "resolve", "scheme_of", "scrub", "set_policy", "stat", "write_bytes_atomic",
+]
