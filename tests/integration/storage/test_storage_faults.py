@@ -6,7 +6,6 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-pytestmark = pytest.mark.integration
 from s3_support import free_port
 
 from packfeed.service.storage import (
@@ -22,6 +21,8 @@ from packfeed.service.storage import (
 )
 from packfeed.service.storage import uri as uri_module
 from packfeed.service.storage.errors import DENIED, NO_BUCKET, NOT_FOUND, UNREACHABLE
+
+pytestmark = pytest.mark.integration
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 DATA = bytes(range(256)) * 400

@@ -2,10 +2,10 @@
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 from packfeed.service.storage import COUNTERS, StorageError, expand, listing, match
 from packfeed.service.storage.errors import NO_BUCKET, NO_MATCH
+
+pytestmark = pytest.mark.integration
 
 TREE = [
     "a.jsonl", "b.parquet", "c.txt", ".hidden.jsonl", "part-1.jsonl", "part-2.jsonl", "part-10.jsonl",

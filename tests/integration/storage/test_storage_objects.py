@@ -6,8 +6,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.integration
-
 from packfeed.service.storage import (
     COUNTERS,
     ObjectInfo,
@@ -25,6 +23,8 @@ from packfeed.service.storage import (
 )
 from packfeed.service.storage.objects import CHANGED
 from packfeed.service.storage.reads import coalesce_members
+
+pytestmark = pytest.mark.integration
 
 SIZE = 300_000
 DATA = random.Random(7).randbytes(SIZE)

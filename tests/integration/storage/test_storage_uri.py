@@ -5,10 +5,10 @@ import os
 import pyarrow.fs as pafs
 import pytest
 
-pytestmark = pytest.mark.integration
-
 from packfeed.service.storage import StorageError, display, is_remote, join, resolve, scheme_of, scrub
 from packfeed.service.storage.uri import split
+
+pytestmark = pytest.mark.integration
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 
