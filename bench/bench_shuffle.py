@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
-from packfeed.service.inputs.sources import read_window
+from packfeed.service.inputs.read import read_window
 
 TOPICS = 8
 WINDOW = 8192

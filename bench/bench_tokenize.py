@@ -223,14 +223,15 @@ def stage_times(tokenizer: str, corpus: Path, backend: str, args) -> dict[str, f
     from packfeed.service.data.config import DataConfig
     from packfeed.service.packing import assemble_rows, pack
     from packfeed.service.data.plan import build_plan
-    from packfeed.service.inputs.sources import read_window
-    from packfeed.service.tokenize.samples import SampleTokenizer, _ChatRenderer
+    from packfeed.service.inputs.read import read_window
+    from packfeed.service.tokenize.chat import ChatRenderer
+    from packfeed.service.tokenize.samples import SampleTokenizer
     from packfeed.service.pipeline.window import row_order
     from packfeed.service.packed.writer import ParquetRowWriter
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     st = SampleTokenizer(tok, backend=backend, num_threads=1)
-    renderer = _ChatRenderer(tok, "bench")
+    renderer = ChatRenderer(tok, "bench")
     config = DataConfig.from_inputs([str(corpus)], tokenizer=tokenizer, seq_len=args.seq_len,
                                     window_samples=args.window_samples)  # fmt: skip
     plan = build_plan(config)

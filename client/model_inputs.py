@@ -30,7 +30,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from packfeed.client.rows import IGNORE_INDEX, PackedRows
+from packfeed.client.offsets import offsets_of
+from packfeed.client.rows import IGNORE_INDEX, PackedRows, positions_from_seq_lens
 
 TOKEN_KEYS = ("input_ids", "labels", "position_ids")
 
@@ -125,8 +126,7 @@ def _flat_seq_lens(seq_lens: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per-row segment lengths -> (flat lengths, CSR splits [B + 1]); zero entries dropped."""
     rows = [np.asarray(_to_numpy(row), dtype=np.int64).reshape(-1) for row in seq_lens]
     rows = [row[row != 0] for row in rows]
-    splits = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(row) for row in rows], out=splits[1:])
+    splits = offsets_of([len(row) for row in rows])
     flat = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     return flat, splits
 
@@ -145,8 +145,7 @@ def _cu_from_seq_lens(lens: np.ndarray, splits: np.ndarray, num_rows: int, seq_l
         raise ValueError(f"seq_lens has {len(splits) - 1} rows, input_ids has {num_rows}")
     if (lens <= 0).any():
         raise ValueError("seq_lens must be positive")
-    cu = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=cu[1:])
+    cu = offsets_of(lens)
     row_ends = cu[splits[1:]] - cu[splits[:-1]]
     bad = np.flatnonzero(row_ends != seq_len)
     if len(bad):
@@ -168,7 +167,7 @@ def _cu_from_positions(positions: np.ndarray, num_rows: int, seq_len: int) -> np
 
 def _check_positions(positions: np.ndarray, cu: np.ndarray) -> None:
     """Positions must count 0, 1, 2, ... inside every segment: for cu [0, 3, 5], [0,1,2,0,1]."""
-    expected = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
+    expected = positions_from_seq_lens(np.diff(cu))
     if not np.array_equal(positions, expected):
         bad = int(np.flatnonzero(positions != expected)[0])
         raise ValueError(

@@ -32,10 +32,12 @@ read them with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
 
 IGNORE_INDEX = -100
 PAD_SAMPLE_ID = -1
@@ -61,7 +63,7 @@ def positions_from_seq_lens(seq_lens: np.ndarray) -> np.ndarray:
     """
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     total = int(seq_lens.sum())
-    starts = np.repeat(np.cumsum(seq_lens) - seq_lens, seq_lens)
+    starts = np.repeat(starts_of(seq_lens), seq_lens)
     return (np.arange(total, dtype=np.int64) - starts).astype(np.int32)
 
 
@@ -83,13 +85,12 @@ def cu_seqlens(seq_lens_per_row: list[np.ndarray] | np.ndarray, seq_len: int) ->
     Every row start is a boundary. For rows with seq_lens [3, 5] and [8], L=8:
     [0, 3, 8, 16]. int32, as flash-attention kernels expect.
     """
-    pieces = [np.zeros(1, dtype=np.int64)]
-    for r, lens in enumerate(seq_lens_per_row):
-        lens = np.asarray(lens, dtype=np.int64)
+    rows = [np.asarray(lens, dtype=np.int64) for lens in seq_lens_per_row]
+    for r, lens in enumerate(rows):
         if int(lens.sum()) != seq_len:
             raise ValueError(f"row {r}: seq_lens sum to {int(lens.sum())}, expected seq_len={seq_len}")
-        pieces.append(r * seq_len + np.cumsum(lens))
-    return np.concatenate(pieces).astype(np.int32)
+    # Every row sums to L, so the offsets over all segments land on every row start r*L.
+    return offsets_of(np.concatenate(rows) if rows else []).astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -133,8 +134,7 @@ class PackedRows:
         """Build from per-row columns as read from Parquet or a Ray batch (lists per row)."""
         seq_lens = [np.asarray(x, dtype=np.int32) for x in columns["seq_lens"]]
         sample_ids = [np.asarray(x, dtype=np.int64) for x in columns["sample_ids"]]
-        splits = np.zeros(len(seq_lens) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in seq_lens], out=splits[1:])
+        splits = offsets_of([len(x) for x in seq_lens])
         ids = np.asarray(_stack(columns["input_ids"]), dtype=np.int32)
         row_index = columns.get("row_index")
         return cls(
@@ -182,7 +182,7 @@ def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
         raise ValueError("concat_rows needs at least one PackedRows")
     if len({p.seq_len for p in parts}) != 1:
         raise ValueError(f"all parts must have the same seq_len, got {[p.seq_len for p in parts]}")
-    offsets = np.cumsum([0] + [len(p.seq_lens) for p in parts[:-1]])
+    offsets = starts_of([len(p.seq_lens) for p in parts])
     splits = [parts[0].segment_splits[:1]] + [p.segment_splits[1:] + off for p, off in zip(parts, offsets)]
     return PackedRows(
         input_ids=np.concatenate([p.input_ids for p in parts]),
@@ -205,10 +205,8 @@ def select_rows(rows: PackedRows, positions: Sequence[int] | np.ndarray | range)
         raise IndexError(f"row positions must be in [0, {rows.num_rows}), got {pos.min()}..{pos.max()}")
     first, last = rows.segment_splits[pos], rows.segment_splits[pos + 1]
     counts = last - first
-    splits = np.zeros(len(pos) + 1, dtype=np.int64)
-    np.cumsum(counts, out=splits[1:])
-    # Segment k of the selection is segment first[row] + (k - splits[row]) of the source.
-    segments = np.arange(splits[-1], dtype=np.int64) + np.repeat(first - splits[:-1], counts)
+    splits = offsets_of(counts)
+    segments = concat_ranges(first, counts)  # the source segments of each selected row
     return PackedRows(
         input_ids=rows.input_ids[pos],
         labels=rows.labels[pos],
@@ -218,6 +216,13 @@ def select_rows(rows: PackedRows, positions: Sequence[int] | np.ndarray | range)
         segment_splits=splits,
         row_index=rows.row_index[pos],
     )
+
+
+def renumber_rows(rows: PackedRows, first: int) -> PackedRows:
+    """``rows`` with ``row_index`` first, first + 1, ...: where they fall in the stream that
+    delivers them (a window read back from disk, a reader restarted at a row). No column is
+    copied; rows [a, b] renumbered from 7 have row_index [7, 8]."""
+    return replace(rows, row_index=np.arange(first, first + rows.num_rows, dtype=np.int64))
 
 
 def _stack(column: object) -> np.ndarray:
@@ -248,7 +253,7 @@ def check_rows(rows: PackedRows, seq_len: int) -> None:
             raise ValueError(f"row {r}: seq_lens {lens.tolist()} must be positive and sum to {seq_len}")
         if not np.array_equal(positions[r], positions_from_seq_lens(lens)):
             raise ValueError(f"row {r}: position_ids do not restart exactly at segment starts")
-        starts = np.cumsum(lens) - lens
+        starts = starts_of(lens)
         if (labels[r, starts] != IGNORE_INDEX).any():
             raise ValueError(f"row {r}: the first label of every segment must be {IGNORE_INDEX}")
         trained = labels[r] != IGNORE_INDEX

@@ -35,6 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
+from packfeed.client.offsets import offsets_of
+
 
 def epoch_counts(
     num_rows: Sequence[int],
@@ -115,7 +117,7 @@ class SourceOrder:
         return self._pass(pass_index)[0]
 
     def _pass(self, p: int) -> tuple[np.ndarray, np.ndarray]:
-        """(block order, end position of each visited block within the pass)."""
+        """(block order, offsets of the visited blocks within the pass: [num_blocks + 1], from 0)."""
         if p not in self._cache:
             if self.num_blocks == 1:
                 order = np.zeros(1, dtype=np.int64)
@@ -125,7 +127,7 @@ class SourceOrder:
             lengths[-1] = self.num_rows - self.block * (self.num_blocks - 1)
             if len(self._cache) >= 2:
                 self._cache.pop(min(self._cache))
-            self._cache[p] = (order, np.cumsum(lengths[order]))
+            self._cache[p] = (order, offsets_of(lengths[order]))
         return self._cache[p]
 
     def ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
@@ -135,12 +137,11 @@ class SourceOrder:
         while pos < stop:
             p, offset = divmod(pos, n)
             end = min(stop - p * n, n)  # within this pass
-            order, ends = self._pass(p)
-            i = int(np.searchsorted(ends, offset, side="right"))
+            order, block_offsets = self._pass(p)
+            i = int(np.searchsorted(block_offsets, offset, side="right")) - 1  # the visited block holding offset
             while offset < end:
-                block_start = int(ends[i - 1]) if i else 0
-                take = min(int(ends[i]), end) - offset
-                lo = int(order[i]) * self.block + (offset - block_start)
+                take = min(int(block_offsets[i + 1]), end) - offset
+                lo = int(order[i]) * self.block + (offset - int(block_offsets[i]))
                 if out and out[-1][1] == lo:
                     out[-1] = (out[-1][0], lo + take)  # adjacent blocks read as one range
                 else:

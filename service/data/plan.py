@@ -1,7 +1,7 @@
 """The stream plan: which rows of which files every packing window of every epoch holds.
 
 ``build_plan(config)`` runs on the driver, once: it expands every source's paths, counts rows
-(``sources.scan_file``) and fixes the mixture arithmetic of ``mixture.py``. ``plan.window(k)``
+(``inputs.scan.scan_file``) and fixes the mixture arithmetic of ``mixture.py``. ``plan.window(k)``
 then gives window k (numbered over the whole stream, epoch after epoch) as a ``WindowSpec``
 of file pieces, computed on demand from small arrays, so the plan of a 100M-sample corpus is a
 few MB however many epochs it has, and packing actors receive the plan, not a list of windows.
@@ -26,9 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from packfeed.client.offsets import offsets_of
 from packfeed.service.data.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
 from packfeed.service.data.mixture import SourceOrder, epoch_counts, window_bounds
-from packfeed.service.inputs.sources import MAX_SEEK_STRIDE, FileScan, Piece, WindowSpec, expand_inputs, scan_file
+from packfeed.service.inputs.files import expand_inputs
+from packfeed.service.inputs.read import Piece, WindowSpec
+from packfeed.service.inputs.scan import MAX_SEEK_STRIDE, FileScan, scan_file
 
 logger = logging.getLogger("packfeed")
 
@@ -86,9 +89,6 @@ class StreamPlan:
 
     def epoch_of(self, window: int) -> int:
         return window // self.windows_per_epoch
-
-    def first_window(self, epoch: int) -> int:
-        return epoch * self.windows_per_epoch
 
     def source_of(self, sample_ids: np.ndarray) -> np.ndarray:
         """Source index of each global sample id (int64)."""
@@ -171,7 +171,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
             first_row += scan.num_rows
         if first_row == 0:
             raise ValueError(f"source {source.name!r} has no rows: its files ({', '.join(source.paths)}) are empty")
-        starts = np.concatenate(([0], np.cumsum([f.num_rows for f in scans]))).astype(np.int64)
+        starts = offsets_of([f.num_rows for f in scans])
         planned.append((source, tuple(scans), starts, next_id))
         next_id += first_row
     warn_shared_files(owners)
@@ -207,7 +207,7 @@ def build_plan(config: DataConfig) -> StreamPlan:
 def warn_shared_files(owners: dict[str, list[str]]) -> None:
     """One warning for files that several sources read (overlapping globs or directories, or
     a path listed twice): each source counts their rows, so they are in the mixture once per
-    source. A file listed twice inside one source is read once (sources.expand_inputs)."""
+    source. A file listed twice inside one source is read once (``inputs.files.expand_inputs``)."""
     shared = {path: names for path, names in owners.items() if len(names) > 1}
     if not shared:
         return

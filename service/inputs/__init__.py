@@ -1,2 +1,4 @@
-"""Where samples come from: finding input files, scanning them for rows and seek offsets, reading
-a window's pieces, and the record formats (text, chat messages, prompt/completion)."""
+"""Where samples come from, in the order a run uses them: finding input files (files.py),
+scanning them for row counts and seek offsets (scan.py), reading a window's pieces (read.py,
+with columnar.py for Parquet and Arrow), and the record formats (records.py). Every data file
+is opened through fileio.py."""

@@ -1,6 +1,6 @@
 """Sample records: the formats, their validation, and the reasons a sample is skipped.
 
-A reader (``sources.py``) hands every row to the parser of its input's format; the parser
+A reader (``read.py``) hands every row to the parser of its input's format; the parser
 returns the record or raises ``InvalidRecord``, which the reader turns into a ``Skip``. The
 tokenizer adds its own skips (``template_error``, ``tokenizer_error``, ``no_trained_tokens``).
 

@@ -1,4 +1,5 @@
-"""Packing algorithms: pure functions of sample lengths (numpy and the standard library only).
+"""Packing algorithms: pure functions of sample lengths (numpy, the standard library and the
+numpy-only row convention of ``packfeed.client``: rows.py, offsets.py).
 
     pack(lengths, seq_len, strategy="exactfit", overlong="truncate") -> Packing   # where tokens go
     assemble_rows(packing, tokens, labels, ...) -> packfeed.client.rows.PackedRows
@@ -6,8 +7,8 @@
 
 Modules: api (pack), types (Packing), overlong (policies), registry (STRATEGIES), exactfit,
 bfd and concat (one strategy each), bounds (lower bounds on rows), assemble (rows), check
-(invariants), ranges (a numpy helper), synthetic (length distributions for tests and the
-benchmark).
+(invariants), synthetic (length distributions for tests and the benchmark). Index runs and
+offsets come from ``packfeed.client.offsets`` (``concat_ranges``, ``offsets_of``).
 
 The Ray Data stage, the CLI and the benchmark call these; they hold no packing logic.
 """

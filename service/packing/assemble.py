@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
 
-from .ranges import concat_ranges
 from .types import Packing
 
 
@@ -67,12 +67,7 @@ def assemble_rows(
     seg_sample, seg_start, seg_len, seg_counts = _segments_in_order(packing, row_order)
     num_segments = len(seg_len)
 
-    # Token count per output row; seg_csum[j] = tokens in the segments before segment j.
-    row_splits = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(seg_counts, out=row_splits[1:])
-    seg_csum = np.zeros(num_segments + 1, dtype=np.int64)
-    np.cumsum(seg_len, out=seg_csum[1:])
-    row_fill = seg_csum[row_splits[1:]] - seg_csum[row_splits[:-1]]
+    row_fill = run_sums(seg_len, offsets_of(seg_counts))  # tokens per output row
     if num_rows and int(row_fill.max()) > seq_len:
         bad = int(np.argmax(row_fill))
         raise ValueError(f"row {bad} holds {int(row_fill[bad])} tokens, more than seq_len={seq_len}")
@@ -80,9 +75,8 @@ def assemble_rows(
     # Segment columns, with a padding segment appended to every row that is not full.
     seg_row = np.repeat(np.arange(num_rows, dtype=np.int64), seg_counts)
     has_pad = (row_fill < seq_len).astype(np.int64)
-    out_splits = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(seg_counts + has_pad, out=out_splits[1:])
-    pads_before = np.cumsum(has_pad) - has_pad
+    out_splits = offsets_of(seg_counts + has_pad)
+    pads_before = starts_of(has_pad)
     real_dest = np.arange(num_segments, dtype=np.int64) + pads_before[seg_row]
     pad_rows = np.flatnonzero(has_pad)
     pad_dest = out_splits[pad_rows + 1] - 1
@@ -99,7 +93,7 @@ def assemble_rows(
     # Padding reads from token 0 and is overwritten below.
     src_start = np.zeros(num_out, dtype=np.int64)
     src_start[real_dest] = sample_offsets[seg_sample] + seg_start
-    slot_start = np.cumsum(out_seq_lens, dtype=np.int64) - out_seq_lens
+    slot_start = starts_of(out_seq_lens)
     index = concat_ranges(src_start, out_seq_lens, dtype=np.intp)  # intp: np.take would convert int32
     # Every real index is in range by construction and padding is overwritten below, so
     # mode="wrap" is safe; it skips numpy's per-element bounds check (about 2x faster).
@@ -143,10 +137,7 @@ def _segments_in_order(packing: Packing, row_order: np.ndarray | None):
         raise ValueError(f"row_order must be a permutation of range({num_rows})")
     # Rows [2, 0] with splits [0, 2, 3, 5]: segments [3, 4, 0, 1].
     out_counts = counts[row_order]
-    seg_first = np.cumsum(out_counts) - out_counts
-    idx = np.arange(int(out_counts.sum()), dtype=np.int64) + np.repeat(
-        packing.row_splits[:-1][row_order] - seg_first, out_counts
-    )
+    idx = concat_ranges(packing.row_splits[:-1][row_order], out_counts)
     return packing.segment_sample[idx], packing.segment_start[idx], packing.segment_len[idx], out_counts
 
 

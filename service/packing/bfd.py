@@ -41,7 +41,8 @@ from heapq import heappop, heappush
 
 import numpy as np
 
-from .ranges import concat_ranges
+from packfeed.client.offsets import concat_ranges, offsets_of
+
 from .types import Layout
 
 
@@ -198,8 +199,7 @@ def _assign(events: np.ndarray, num_rows: int, order: np.ndarray, sorted_len: np
     delta = np.zeros(num_rows + 1, dtype=np.int64)
     np.add.at(delta, first, q)
     np.add.at(delta, first + n, -q)
-    row_splits = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(np.cumsum(delta[:-1]), out=row_splits[1:])
+    row_splits = offsets_of(np.cumsum(delta[:-1]))  # items per row, then their offsets
 
     # One "pair" per (event, row): q consecutive sorted items that land in consecutive
     # output slots, starting after the k items the row already held.

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from packfeed.client.offsets import offsets_of
+
 
 def lower_bound(lengths, seq_len: int) -> int:
     """max(L1, L2) for items of ``lengths`` (each 1..seq_len) in rows of ``seq_len``."""
@@ -44,10 +46,7 @@ def lower_bound_of_counts(counts: np.ndarray, seq_len: int) -> int:
         counts = np.pad(counts, (0, seq_len + 1 - len(counts)))
     sizes = np.arange(seq_len + 1, dtype=np.int64)
     # below_n[x], below_sum[x]: number and total length of the items shorter than x.
-    below_n = np.zeros(seq_len + 2, dtype=np.int64)
-    below_sum = np.zeros(seq_len + 2, dtype=np.int64)
-    np.cumsum(counts, out=below_n[1:])
-    np.cumsum(counts * sizes, out=below_sum[1:])
+    below_n, below_sum = offsets_of(counts), offsets_of(counts * sizes)
     n, total = int(below_n[-1]), int(below_sum[-1])
     l1 = -(-total // seq_len)
 

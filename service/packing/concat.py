@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ranges import concat_ranges
+from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
+
 from .types import Layout
 
 
@@ -26,8 +27,8 @@ def pack_concat(lengths: np.ndarray, seq_len: int) -> Layout:
     n = len(lengths)
     if n == 0:
         return Layout.empty()
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
+    starts = starts_of(lengths)
+    ends = starts + lengths
     num_rows = int(-(-int(ends[-1]) // seq_len))
     first_row = starts // seq_len
     num_segments = (ends - 1) // seq_len - first_row + 1  # rows each piece touches
@@ -38,6 +39,5 @@ def pack_concat(lengths: np.ndarray, seq_len: int) -> Layout:
     seg_start = np.maximum(piece_start, row * seq_len)  # stream position of the segment
     seg_end = np.minimum(ends[piece], (row + 1) * seq_len)
 
-    row_splits = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(row, minlength=num_rows), out=row_splits[1:])
+    row_splits = offsets_of(np.bincount(row, minlength=num_rows))
     return Layout(piece, seg_start - piece_start, seg_end - seg_start, row_splits)

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
+
 from .bfd import _longest_first, pack_bfd
 from .bounds import lower_bound_of_counts
-from .ranges import concat_ranges
 from .types import Layout
 
 _DEPTH = 5  # samples in one exact completion (4 after an opener longer than L/2)
@@ -250,10 +251,9 @@ def _layout(rows: list[tuple[int, tuple[int, ...]]], lengths: np.ndarray, seq_le
     repeats = np.array([r for r, _ in rows], dtype=np.int64)
     row_len = np.array([len(p) for _, p in rows], dtype=np.int64)
     flat = np.fromiter((x for _, p in rows for x in p), dtype=np.int64, count=int(row_len.sum()))
-    first = np.cumsum(row_len) - row_len
+    first = starts_of(row_len)
     row_kind = np.repeat(np.arange(len(rows), dtype=np.int64), repeats)
-    row_splits = np.zeros(len(row_kind) + 1, dtype=np.int64)
-    np.cumsum(row_len[row_kind], out=row_splits[1:])
+    row_splits = offsets_of(row_len[row_kind])
     slot_len = flat[concat_ranges(first[row_kind], row_len[row_kind])]
     piece = np.empty(len(lengths), dtype=np.int64)
     piece[_longest_first(slot_len, seq_len)] = _longest_first(lengths, seq_len)

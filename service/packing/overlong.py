@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ranges import concat_ranges
+from packfeed.client.offsets import concat_ranges
 
 OVERLONG_POLICIES = ("truncate", "split", "drop")
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packfeed.client.offsets import run_sums
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -77,9 +79,7 @@ class Packing:
 
     def row_tokens(self) -> np.ndarray:
         """Real tokens per row, int64 [num_rows]; ``seq_len - row_tokens()`` is the padding."""
-        csum = np.zeros(self.num_segments + 1, dtype=np.int64)
-        np.cumsum(self.segment_len, out=csum[1:])
-        return csum[self.row_splits[1:]] - csum[self.row_splits[:-1]]
+        return run_sums(self.segment_len, self.row_splits)
 
     def efficiency(self, seq_len: int) -> float:
         """Real tokens / (rows * seq_len); 1.0 for no rows."""

@@ -20,7 +20,7 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.inputs.records import record_format
-from packfeed.service.inputs.sources import RawWindow, WindowSpec, read_window
+from packfeed.service.inputs.read import RawWindow, WindowSpec, read_window
 from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, WindowStats
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 

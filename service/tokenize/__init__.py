@@ -1,2 +1,3 @@
-"""Samples to token ids: sample tokenizing, chat rendering, loss masks, the encoders and the choice
-between the Hugging Face back-end and the exact fast one."""
+"""Samples to token ids: sample tokenizing (samples.py), chat rendering (chat.py), the loss-mask
+kernels (masks.py), the encoders (encoders.py) and the choice between the Hugging Face back-end
+and the exact fast one (backend.py)."""

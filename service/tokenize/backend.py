@@ -42,10 +42,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from packfeed.client.offsets import starts_of
 from packfeed.service.data.config import TOKENIZER_BACKENDS
 from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
 from packfeed.service.inputs.records import Conversation, PromptCompletion
-from packfeed.service.inputs.sources import RawWindow
+from packfeed.service.inputs.read import RawWindow
 
 logger = logging.getLogger(__name__)
 
@@ -394,8 +395,7 @@ def compare_encoders(reference: HFEncoder, fast: FastEncoder, texts: list[str]) 
 def _same_ids(ref, got, texts: list[str], what: str) -> None:
     if np.array_equal(ref.lengths, got.lengths) and np.array_equal(ref.ids, got.ids):
         return
-    starts = np.cumsum(ref.lengths) - ref.lengths
-    got_starts = np.cumsum(got.lengths) - got.lengths
+    starts, got_starts = starts_of(ref.lengths), starts_of(got.lengths)
     for k, text in enumerate(texts):
         a = ref.ids[starts[k] : starts[k] + ref.lengths[k]].tolist()
         b = got.ids[got_starts[k] : got_starts[k] + got.lengths[k]].tolist()

@@ -1,9 +1,9 @@
 """Encoder back-ends: a batch of texts -> flat token ids, and the token under a character.
 
-``SampleTokenizer`` (tokenize.py) asks an encoder two things per format group: the ids of a
+``SampleTokenizer`` (samples.py) asks an encoder two things per format group: the ids of a
 batch of texts, and, where a loss mask starts or ends inside a text, which token holds a
 given character. Both back-ends give the same answers (proven per tokenizer at load time by
-``tokenizer_backend.py``, and by tests):
+``backend.py``, and by tests):
 
 ``HFEncoder``    the tokenizer's own Rust ``tokenizers`` backend. The reference. Character
                  offsets are computed only for the groups whose masks need them.
@@ -14,7 +14,7 @@ given character. Both back-ends give the same answers (proven per tokenizer at l
                  For "héllo" encoded as ["h", "é", "llo"] (bytes 1, 2, 3), character 2 ("l")
                  is byte 3, held by token 2.
 
-What "holds" means is the HF path's own rule, reproduced exactly (tokenize.py's docstring
+What "holds" means is the HF path's own rule, reproduced exactly (samples.py's docstring
 gives the masks built on it):
 
 - ``first_tokens(chars)``: per text, the first token whose characters include ``chars[k]``
@@ -39,6 +39,8 @@ from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
+
+from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of
 
 _EDGE_PROBES = 8  # characters tried at a span edge before reading all offsets of the text
 
@@ -240,15 +242,15 @@ class FastEncoder:
         if not added:
             return np.diff(offsets), flat.view(np.int32)
         units = np.asarray(units, dtype=np.int64)
-        first_unit = np.cumsum(units) - units
-        is_added = ((np.arange(int(units.sum())) - np.repeat(first_unit, units)) & 1).astype(bool)
+        unit_offsets = offsets_of(units)  # text k's pieces and added tokens: units [offsets[k], offsets[k+1])
+        is_added = ((np.arange(int(units.sum())) - np.repeat(unit_offsets[:-1], units)) & 1).astype(bool)
         unit_lengths = np.ones(len(is_added), dtype=np.int64)
         unit_lengths[~is_added] = np.diff(offsets)
         token_is_added = np.repeat(is_added, unit_lengths)
         ids = np.empty(len(token_is_added), dtype=np.int32)
         ids[~token_is_added] = flat.view(np.int32)
         ids[token_is_added] = np.fromiter(map(self.added.__getitem__, added), np.int32, len(added))
-        return np.add.reduceat(unit_lengths, first_unit), ids
+        return run_sums(unit_lengths, unit_offsets), ids
 
 
 class FastEncoded(Encoded):
@@ -261,10 +263,10 @@ class FastEncoded(Encoded):
         self.kept, self.failed = list(range(len(texts))), []
         self.by_reference, self._reference, self._special = by_reference, reference, special
         if nbytes is not None:
-            self.starts = np.cumsum(lengths) - lengths  # first token of each text
-            self.byte_ends = np.cumsum(nbytes)  # global: all texts of the batch back to back
-            self.byte_starts = self.byte_ends - nbytes
-            self.base = np.concatenate(([0], self.byte_ends))[self.starts]  # first byte of each text
+            self.starts = starts_of(lengths)  # first token of each text
+            byte_offsets = offsets_of(nbytes)  # global: all texts of the batch back to back
+            self.byte_starts, self.byte_ends = byte_offsets[:-1], byte_offsets[1:]
+            self.base = byte_offsets[self.starts]  # first byte of each text
 
     def first_tokens(self, chars: Sequence[int]) -> np.ndarray:
         at = np.fromiter((_byte_at(t, c) for t, c in zip(self.texts, chars)), np.int64, len(chars))
@@ -331,8 +333,8 @@ def _add_post_tokens(lengths, ids, nbytes, prefix: np.ndarray, suffix: np.ndarra
     character). lengths [2, 1], ids [5, 6, 7], prefix [1] -> lengths [3, 2], ids [1, 5, 6, 1, 7]."""
     p, s, m = len(prefix), len(suffix), len(lengths)
     new_lengths = lengths + p + s
-    new_starts = np.cumsum(new_lengths) - new_lengths
-    dest = np.arange(len(ids), dtype=np.int64) + np.repeat(np.arange(m, dtype=np.int64) * (p + s) + p, lengths)
+    new_starts = starts_of(new_lengths)
+    dest = concat_ranges(new_starts + p, lengths)  # where each text's own tokens go
     out = np.empty(int(new_lengths.sum()), dtype=np.int32)
     out[dest] = ids
     out_bytes = None
@@ -349,7 +351,7 @@ def _add_post_tokens(lengths, ids, nbytes, prefix: np.ndarray, suffix: np.ndarra
 def _splice(lengths, ids, nbytes, replace: dict[int, Any]):
     """Replace the tokens of the texts in ``replace`` by their HF encodings' (byte lengths 0:
     the HF encoding answers their edges)."""
-    starts = np.cumsum(lengths) - lengths
+    starts = starts_of(lengths)
     id_parts, byte_parts, new_lengths = [], [], lengths.copy()
     for k in range(len(lengths)):
         if k in replace:

@@ -20,24 +20,15 @@ messages               apply_chat_template(messages) ids     assistant turns (se
 =====================  ====================================  ================================
 
 ``loss="all"`` trains every token. With ``add_eos`` an EOS is appended unless the sample
-already ends with one; it is trained when the token before it is.
-
-Assistant turns without ``{% generation %}`` markers: turn i spans the characters from the end
-of ``render(messages[:i], add_generation_prompt=True)`` to the end of
-``render(messages[:i+1])``, so the turn's end marker is trained and its header is not; a
-token is trained when its first character falls in a span. For ChatML::
-
-    <|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n[hello<|im_end|>\\n]
-
-That needs a prefix-preserving template (rendering a prefix of the conversation gives a prefix
-of the text); a template that is not raises ``ChatTemplateError``. Templates WITH
-``{% generation %}`` markers use them instead, as TRL does. A sample left with no trained token
-after its first (e.g. no assistant turn) is skipped as ``no_trained_tokens``.
+already ends with one; it is trained when the token before it is. Which characters of a chat
+sample are assistant turns: chat.py (``ChatTemplateError`` when the template cannot say); the
+mask kernels: masks.py. A sample left with no trained token after its first (e.g. no assistant
+turn) is skipped as ``no_trained_tokens``.
 
 Encoders (encoders.py): the tokenizer's own Rust backend (``backend="hf"``) or quicktok's exact
 byte-level BPE (``"fast"``, ~25x the HF single-core rate on code with Qwen2.5's vocabulary),
 with identical ids and masks; ``"auto"`` (the default) takes the fast one only after proving it
-on this tokenizer and on the first window's samples (tokenizer_backend.py).
+on this tokenizer and on the first window's samples (backend.py).
 
 Cost: one batched encode per window and format group, a few numpy passes over the flat
 arrays, and O(1) Python calls per sample, plus for chat samples 1 + 2 * (assistant turns)
@@ -55,19 +46,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
 from packfeed.client.rows import IGNORE_INDEX
-
 from packfeed.service.data.config import LOSS_MODES
-from packfeed.service.tokenize.encoders import Encoded
+from packfeed.service.inputs.read import RawWindow
 from packfeed.service.inputs.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, PromptCompletion, Skip
-from packfeed.service.inputs.sources import RawWindow
 from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
-
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-
-
-class ChatTemplateError(ValueError):
-    """The tokenizer's chat template cannot give the loss mask asked for."""
+from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
+from packfeed.service.tokenize.encoders import Encoded
+from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
 
 
 @dataclass
@@ -107,7 +94,7 @@ class SampleTokenizer:
     ``backend`` picks the encoder (encoders.py): ``hf`` the tokenizer's own Rust backend;
     ``fast`` quicktok, refused with ``FastPathRefused`` (a ValueError) when it cannot prove
     that it reproduces this tokenizer; ``auto`` quicktok when proven, else HF (the reason goes
-    into the window stats; the driver says it once per run). The proof (tokenizer_backend.py) runs on the first window that holds samples:
+    into the window stats; the driver says it once per run). The proof (backend.py) runs on the first window that holds samples:
     shape, import and stress checks (~1.7 s for a 150k vocabulary, done at construction for
     ``fast`` so that a refusal comes before any data is read), then that window's first
     samples tokenized with both back-ends must give identical tokens, labels and skips.
@@ -147,7 +134,7 @@ class SampleTokenizer:
         if self._pad is None:
             raise ValueError(f"tokenizer {self.name!r} has neither a pad nor an eos token")
         self.loss, self.add_eos, self.strict = loss, add_eos, strict
-        self._chat: _ChatRenderer | None = None
+        self._chat: ChatRenderer | None = None
         self._encoders = EncoderChoice(
             self._backend, backend, name=self.name, threads=num_threads or _available_cpus(), probes=self._probe_texts
         )
@@ -188,7 +175,7 @@ class SampleTokenizer:
 
     def tokenize(self, raw: RawWindow) -> TokenizedSamples:
         encoder = self._encoders.encoder
-        if encoder is None:  # chosen on the first window with samples (tokenizer_backend.py)
+        if encoder is None:  # chosen on the first window with samples (backend.py)
             if not len(raw):
                 return self._tokenize(raw, self._encoders.hf)
             encoder = self._encoders.choose(raw, self._tokenize)
@@ -210,13 +197,13 @@ class SampleTokenizer:
         if not pos:
             return 0
         try:
-            renderer = _ChatRenderer(self._tok, self.name)
+            renderer = ChatRenderer(self._tok, self.name)
         except ChatTemplateError as e:
-            raise _located(e, raw, pos[0]) from None
+            raise locate_error(e, raw, pos[0]) from None
         all_loss = (loss or self.loss) == "all"
         for i in pos:
             try:
-                _render(renderer, raw, i, all_loss)
+                render_record(renderer, raw, i, all_loss)
             except ChatTemplateError:
                 raise
             except Exception:  # the template raised on this sample: a skip when packing, not the run's error
@@ -229,13 +216,13 @@ class SampleTokenizer:
         that a refusal is said before the packing actors start, not after. Returns that line
         (also logged once; the actors' same line is not repeated), or None when the fast
         back-end passed them (each actor still proves it on its first window) or the back-end
-        was chosen by name. See ``tokenizer_backend.EncoderChoice.check_early``."""
+        was chosen by name. See ``backend.EncoderChoice.check_early``."""
         return self._encoders.check_early()
 
     def _probe_texts(self) -> list[str]:
         """A conversation rendered by the chat template, if there is one and it renders."""
         try:
-            renderer = _ChatRenderer(self._tok, self.name)
+            renderer = ChatRenderer(self._tok, self.name)
             messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! ✓"}]
             return [renderer.render(messages, None), renderer.render(messages[:1], None, True)]
         except Exception:
@@ -264,15 +251,14 @@ class SampleTokenizer:
         ]
         positions, lengths, ids, trained = _merge(groups)
         if self.add_eos:
-            lengths, ids, trained = _append_eos(lengths, ids, trained, self._eos)
-        keep = _has_trained_token_after_first(lengths, trained)
+            lengths, ids, trained = append_eos(lengths, ids, trained, self._eos)
+        keep = has_trained_token_after_first(lengths, trained)
         if not keep.all():
             skipped += [(int(p), NO_TRAINED_TOKENS, "no token after the first is trained") for p in positions[~keep]]
             token_keep = np.repeat(keep, lengths)
             positions, lengths, ids, trained = positions[keep], lengths[keep], ids[token_keep], trained[token_keep]
         skips = self._skips(raw, skipped)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_of(lengths)
         labels = np.where(trained, ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
         return TokenizedSamples(ids, labels, offsets, raw.sample_ids[positions], skips)
 
@@ -296,18 +282,18 @@ class SampleTokenizer:
             return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, np.ones(len(enc.ids), dtype=bool))
         first = enc.first_tokens([len(records[p].prompt) for p in kept])
         ranges = [[(f, n)] for f, n in zip(first.tolist(), enc.lengths.tolist())]
-        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, _ranges_to_mask(enc.lengths, ranges))
+        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, ranges_to_mask(enc.lengths, ranges))
 
     def _encode_chat(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list) -> _Group | None:
         if not pos:
             return None
         if self._chat is None:
-            self._chat = _ChatRenderer(self._tok, self.name)
+            self._chat = ChatRenderer(self._tok, self.name)
         all_loss = self.loss == "all"
         texts, spans, ok = [], [], []
         for i in pos:
             try:
-                text, sp = _render(self._chat, raw, i, all_loss)
+                text, sp = render_record(self._chat, raw, i, all_loss)
             except ChatTemplateError:
                 raise
             except Exception as e:  # the template raised on this conversation (raise_exception, ...)
@@ -323,7 +309,7 @@ class SampleTokenizer:
         if all_loss:
             return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, np.ones(len(enc.ids), dtype=bool))
         ranges = enc.span_tokens(spans)
-        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, _ranges_to_mask(enc.lengths, ranges))
+        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, ranges_to_mask(enc.lengths, ranges))
 
     def _encode(
         self, encoder: Any, texts: Sequence[str], pos: list[int], special: bool, skipped: list, *, edges: bool
@@ -342,163 +328,11 @@ class SampleTokenizer:
         return skips
 
 
-def _render(renderer: "_ChatRenderer", raw: RawWindow, i: int, all_loss: bool) -> tuple[str, list]:
-    """Record ``i`` of ``raw`` rendered, with its trained character spans; a ChatTemplateError
-    names the record's file, row and sample."""
-    r = raw.records[i]
-    try:
-        if type(r) is Conversation:
-            return renderer.conversation(r.messages, r.tools, all_loss)
-        return renderer.prompt_completion(r.prompt, r.completion, r.tools, all_loss)
-    except ChatTemplateError as e:
-        raise _located(e, raw, i) from None
-
-
-def _located(e: ChatTemplateError, raw: RawWindow, i: int) -> ChatTemplateError:
-    source, row = raw.spec.locate(int(raw.sample_ids[i]))
-    return ChatTemplateError(f"{source}: row {row}, sample {int(raw.sample_ids[i])}: {e}")
-
-
 def _available_cpus() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
-
-
-class _ChatRenderer:
-    """Renders conversations exactly as ``apply_chat_template(..., tokenize=False)`` does.
-
-    Uses transformers' cached compiled Jinja template directly (~40 us per render against
-    ~100 us through apply_chat_template), with the same template variables: the special
-    tokens map, ``tools``, ``documents=None``. Falls back to apply_chat_template if those
-    internals move.
-    """
-
-    def __init__(self, tokenizer: Any, name: str) -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ChatTemplateError(
-                f"tokenizer {name!r} has no chat template, and `messages` rows (or prompt/completion given as "
-                "messages) need one: give a tokenizer whose tokenizer_config.json (or chat_template.jinja) has one, "
-                "or rows of `text` or of string prompt/completion"
-            )
-        self._tok, self._name = tokenizer, name
-        self._kwargs = dict(tokenizer.special_tokens_map)
-        self._ctu = None
-        try:
-            from transformers.utils import chat_template_utils as ctu
-        except ImportError:
-            return
-        needed = ("_compile_jinja_template", "_plain_template_data", "_alias_reasoning_fields", "render_jinja_template")
-        if all(hasattr(ctu, n) for n in needed):
-            self._ctu = ctu
-            self._kwargs = ctu._plain_template_data(self._kwargs)
-
-    def _template(self, tools: list | None) -> str:
-        return self._tok.get_chat_template(None, tools)
-
-    def render(self, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
-        if self._ctu is None:
-            return self._tok.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
-            )
-        compiled = self._ctu._compile_jinja_template(self._template(tools))
-        return compiled.render(
-            messages=messages, tools=tools, documents=None, add_generation_prompt=generation_prompt, **self._kwargs
-        )
-
-    def _plain(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None]:
-        if self._ctu is None:
-            return messages, tools
-        ctu = self._ctu
-        return ctu._alias_reasoning_fields(ctu._plain_template_data(messages)), ctu._plain_template_data(tools)
-
-    def conversation(self, messages: list[dict], tools: list | None, all_loss: bool) -> tuple[str, list]:
-        """The rendered text and the character spans of its assistant turns."""
-        messages, tools = self._plain(messages, tools)
-        if all_loss:
-            return self.render(messages, tools), []
-        template = self._template(tools)
-        if self._ctu is not None and _GENERATION_TAG.search(template):
-            rendered, indices = self._ctu.render_jinja_template(
-                conversations=[messages], tools=tools, chat_template=template,
-                return_assistant_tokens_mask=True, **self._kwargs,
-            )  # fmt: skip
-            return rendered[0], [tuple(s) for s in indices[0]]
-        full = self.render(messages, tools)
-        spans = []
-        last = len(messages) - 1
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            lo = self._prefix_length(messages[:i], tools, full, True)
-            hi = len(full) if i == last else self._prefix_length(messages[: i + 1], tools, full, False)
-            if hi > lo:
-                spans.append((lo, hi))
-        return full, spans
-
-    def prompt_completion(self, prompt: list, completion: list, tools: list | None, all_loss: bool) -> tuple[str, list]:
-        """The rendered prompt + completion and the span of the completion (after the generation prompt)."""
-        prompt, tools = self._plain(prompt, tools)
-        completion, _ = self._plain(completion, None)
-        full = self.render(prompt + completion, tools)
-        if all_loss:
-            return full, []
-        return full, [(self._prefix_length(prompt, tools, full, True), len(full))]
-
-    def _prefix_length(self, prefix: list[dict], tools: list | None, full: str, generation_prompt: bool) -> int:
-        if not prefix:  # a conversation that opens with the assistant
-            try:
-                text = self.render(prefix, tools, generation_prompt)
-            except Exception:
-                return 0
-        else:
-            text = self.render(prefix, tools, generation_prompt)
-        if not full.startswith(text):
-            at = next((k for k, (a, b) in enumerate(zip(text, full)) if a != b), min(len(text), len(full)))
-            raise ChatTemplateError(
-                f"the chat template of {self._name!r} is not prefix-preserving: messages[:{len(prefix)}] rendered "
-                f"with add_generation_prompt={generation_prompt} differ from the whole conversation at character "
-                f"{at} ({text[at:at + 40]!r} vs {full[at:at + 40]!r}), so assistant turns cannot be located. Use "
-                "loss='all', or a template with {% generation %}...{% endgeneration %} around assistant output"
-            )
-        return len(text)
-
-
-# ---- token ranges to vectorised masks ------------------------------------------------------
-def _ranges_to_mask(lengths: np.ndarray, ranges: list[list[tuple[int, int]]]) -> np.ndarray:
-    """Per-sample token ranges -> flat bool mask. lengths [3, 2], ranges [[(1, 3)], [(0, 1)]]
-    -> [0, 1, 1, 1, 0]. Sorted, disjoint ranges (every template's spans) become runs for one
-    np.repeat (~0.5 ns/token); others are united through a count of range edges (~6 ns/token)."""
-    values, runs = [], []
-    for n, rs in zip(lengths.tolist(), ranges):
-        pos = 0
-        for a, b in rs:
-            if b <= a:
-                continue
-            if a < pos or b > n:
-                return _ranges_to_mask_by_edges(lengths, ranges)
-            values += (False, True)
-            runs += (a - pos, b - a)
-            pos = b
-        values.append(False)
-        runs.append(n - pos)
-    return np.repeat(np.asarray(values, dtype=bool), np.asarray(runs, dtype=np.int64))
-
-
-def _ranges_to_mask_by_edges(lengths: np.ndarray, ranges: list[list[tuple[int, int]]]) -> np.ndarray:
-    total = int(lengths.sum())
-    base = (np.cumsum(lengths) - lengths).tolist()
-    lo = [b + a for b, rs in zip(base, ranges) for a, e in rs if e > a]
-    hi = [b + e for b, rs in zip(base, ranges) for a, e in rs if e > a]
-    edges = np.bincount(np.asarray(lo, np.int64), minlength=total + 1) - np.bincount(
-        np.asarray(hi, np.int64), minlength=total + 1
-    )
-    return np.cumsum(edges[:total]) > 0
-
-
-def _segment_starts(lengths: np.ndarray) -> np.ndarray:
-    return np.cumsum(lengths) - lengths
 
 
 def _merge(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -515,37 +349,8 @@ def _merge(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     trained = np.concatenate([g.trained for g in groups])
     order = np.argsort(positions, kind="stable")
     new_lengths = lengths[order]
-    src = np.repeat(_segment_starts(lengths)[order] - _segment_starts(new_lengths), new_lengths)
-    src += np.arange(len(src), dtype=np.int64)
+    src = concat_ranges(starts_of(lengths)[order], new_lengths)  # each sample's tokens, in the new order
     return positions[order], new_lengths, ids[src], trained[src]
-
-
-def _append_eos(lengths: np.ndarray, ids: np.ndarray, trained: np.ndarray, eos: int):
-    """Append ``eos`` to each sample not ending with it; it is trained if the token before is.
-    lengths [2, 1], ids [5, 6, 7], eos 0 -> lengths [3, 2], ids [5, 6, 0, 7, 0]."""
-    n = len(lengths)
-    ends = np.cumsum(lengths)  # one past each sample's last token
-    nonempty = lengths > 0
-    need = np.ones(n, dtype=bool)
-    need[nonempty] = ids[ends[nonempty] - 1] != eos
-    if not need.any():
-        return lengths, ids, trained
-    last_trained = np.zeros(n, dtype=bool)
-    last_trained[nonempty] = trained[ends[nonempty] - 1]
-    at = ends[need]  # np.insert keeps equal positions in order (empty samples)
-    return lengths + need, np.insert(ids, at, np.int32(eos)), np.insert(trained, at, last_trained[need])
-
-
-def _has_trained_token_after_first(lengths: np.ndarray, trained: np.ndarray) -> np.ndarray:
-    """Per sample: is any token after its first trained? (The packer masks the first.)"""
-    if trained.all():  # text and loss="all": only one-token samples have nothing to train
-        return lengths > 1
-    counts = np.concatenate(([0], np.cumsum(trained, dtype=np.int64)))
-    starts = _segment_starts(lengths)
-    n_trained = counts[starts + lengths] - counts[starts]
-    first = np.zeros(len(lengths), dtype=np.int64)
-    first[lengths > 0] = trained[starts[lengths > 0]]
-    return (n_trained - first) > 0
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "gpt2", "Qwen/Qwen2.5-0.5B"

@@ -16,7 +16,6 @@ from packfeed.service.packing import (
     pack,
 )
 from packfeed.service.packing.check import reference_bfd_fills
-from packfeed.service.packing.ranges import concat_ranges
 from packfeed.service.packing.synthetic import synthetic_lengths
 
 
@@ -95,19 +94,6 @@ def test_pack_golden(lengths, seq_len, strategy, overlong, rows, truncated, spli
     assert p.dropped.tolist() == dropped
     assert p.num_rows == len(rows)
     check_packing(p, lengths, seq_len, strategy=strategy, overlong=overlong)
-
-
-@pytest.mark.parametrize(
-    "starts, lengths, expected",
-    [
-        pytest.param([5, 2], [2, 3], [5, 6, 2, 3, 4], id="jump-back"),
-        pytest.param([0, 0, 0], [1, 2, 3], [0, 0, 1, 0, 1, 2], id="restart-at-zero"),
-        pytest.param([7], [1], [7], id="single"),
-        pytest.param([], [], [], id="empty"),
-    ],
-)
-def test_concat_ranges_golden(starts, lengths, expected):
-    assert concat_ranges(np.array(starts, np.int64), np.array(lengths, np.int64)).tolist() == expected
 
 
 def test_packing_arrays_are_int64_and_summaries_add_up():

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from packfeed.service.data.config import DataConfig, SourceConfig
 from packfeed.service.data.mixture import SourceOrder
 from packfeed.service.data.plan import auto_window, build_plan
-from packfeed.service.inputs.sources import read_window
+from packfeed.service.inputs.read import read_window
 
 
 def write_source(directory, name: str, rows: int, files: int = 1) -> list[str]:

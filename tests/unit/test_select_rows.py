@@ -1,4 +1,4 @@
-"""select_rows: the rows at the given positions, each exactly as it was, segments included.
+"""select_rows and renumber_rows: the rows at the given positions, each exactly as it was, segments included.
 
 Checked against a per-row reference (row r of the result is row positions[r] of the source,
 compared column by column, its segments through row_seq_lens/row_sample_ids) over random
@@ -18,6 +18,7 @@ from packfeed.client.rows import (
     PackedRows,
     check_rows,
     positions_from_seq_lens,
+    renumber_rows,
     select_rows,
 )
 
@@ -140,3 +141,15 @@ def test_empty_selection_of_no_rows():
     source = _random_rows(np.random.default_rng(3), 0, 8)
     got = select_rows(source, [])
     assert got.num_rows == 0 and got.segment_splits.tolist() == [0] and len(got.seq_lens) == 0
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 7])
+@pytest.mark.parametrize("first", [0, 5, 2**40])
+def test_renumbered_rows_count_on_from_first_and_keep_every_column(num_rows, first):
+    source = _random_rows(np.random.default_rng(num_rows), num_rows, 8)
+    got = renumber_rows(source, first)
+    assert got.row_index.tolist() == list(range(first, first + num_rows))
+    assert got.row_index.dtype == np.int64
+    assert source.row_index.tolist() == (1000 + 7 * np.arange(num_rows)).tolist()  # the source keeps its numbers
+    for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "segment_splits"):
+        assert getattr(got, name) is getattr(source, name), name  # shared, not copied

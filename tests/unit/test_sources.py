@@ -18,9 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packfeed.service.inputs import sources
+from packfeed.service.inputs import files as input_files
+from packfeed.service.inputs import scan as input_scan
+from packfeed.service.inputs.read import Piece, read_window
 from packfeed.service.inputs.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
-from packfeed.service.inputs.sources import Piece, plan_windows, read_window
+
+from inputs_support import plan_windows
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 RECORDS = [
@@ -106,7 +109,7 @@ def test_hf_dataset_reads_arrow_files_in_state_json_order(tmp_path):
     state = json.load(open(state_path))
     state["_data_files"].reverse()  # state.json, not the file names, defines the order
     json.dump(state, open(state_path, "w"))
-    expanded = sources.expand_inputs([path])
+    expanded = input_files.expand_inputs([path])
     assert [p for p, _ in expanded] == [os.path.join(path, d["filename"]) for d in state["_data_files"]]
     expected = [r["text"] for r in rows[6:] + rows[3:6] + rows[:3]]
     assert read_all([path], window_samples=2)[1] == expected
@@ -171,9 +174,9 @@ def test_a_recursive_glob_through_a_symlinked_directory_loop_reads_each_file_onc
     write_jsonl(data / "sub" / "deep.jsonl", [{"text": "d0"}, {"text": "d1"}])
     (data / "sub" / "up").symlink_to(data)  # data/sub/up/sub/up/... : a loop glob follows
     pattern = str(data / "**" / "*.jsonl")
-    assert len(sources.glob.glob(pattern, recursive=True)) > 2  # the loop is really walked
-    with caplog.at_level("WARNING", logger=sources.logger.name):
-        files = sources.expand_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
+    assert len(input_files.glob.glob(pattern, recursive=True)) > 2  # the loop is really walked
+    with caplog.at_level("WARNING", logger=input_files.logger.name):
+        files = input_files.expand_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
     assert [os.path.relpath(f, data) for f, _ in files] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
     assert "symlink loop" in caplog.text and "each directory is walked once" in caplog.text  # the glob's
     assert "each file is read once" in caplog.text  # the file given twice
@@ -189,9 +192,9 @@ def test_a_recursive_glob_through_two_symlink_loops_ends_and_reads_each_file_onc
     (data / "self").symlink_to(data)
     (data / "sub" / "up").symlink_to(data)
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(sources.expand_inputs([str(data / "**" / "*.jsonl")])),
+    worker = threading.Thread(target=lambda: result.append(input_files.expand_inputs([str(data / "**" / "*.jsonl")])),
                               daemon=True)
-    with caplog.at_level("WARNING", logger=sources.logger.name):
+    with caplog.at_level("WARNING", logger=input_files.logger.name):
         worker.start()
         worker.join(60)
     assert result, "expanding the glob did not end in 60 s"
@@ -215,7 +218,7 @@ def test_the_recursive_glob_lists_what_glob_lists_on_trees_without_links(tmp_pat
                 "**/*/x.jsonl", "b/**/**/*.jsonl"]
     for pattern in patterns + [str(tmp_path / p) for p in patterns]:
         files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))  # directories are not read
-        assert sorted(m for m in sources._recursive_glob(pattern) if os.path.isfile(m)) == files, pattern
+        assert sorted(m for m in input_files._recursive_glob(pattern) if os.path.isfile(m)) == files, pattern
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow-file", "arrow-stream", "feather"])
@@ -246,7 +249,7 @@ def test_a_string_cell_that_is_not_utf8_skips_its_own_row(tmp_path, kind):
 def test_a_damaged_datasets_directory_is_named(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(ValueError, match=f"{name}.*{message}"):
-        sources.expand_inputs([str(tmp_path)])
+        input_files.expand_inputs([str(tmp_path)])
 
 
 # ---- global sample ids and windows -----------------------------------------------------------
@@ -301,7 +304,7 @@ def test_window_spec_is_small_and_picklable(tmp_path):
 def test_jsonl_row_counting(tmp_path, content, expected_rows):
     path = tmp_path / "x.jsonl"
     path.write_bytes(content)
-    assert sources._scan_jsonl(str(path), 0, 1)[0] == expected_rows
+    assert input_scan._scan_jsonl(str(path), 0, 1)[0] == expected_rows
     if expected_rows == 0:  # an input with no rows makes a source with no rows: an error naming it
         with pytest.raises(ValueError, match="has no rows"):
             read_all([str(path)], window_samples=1, format="text")
@@ -313,7 +316,7 @@ def test_jsonl_row_counting(tmp_path, content, expected_rows):
 def test_jsonl_byte_offsets_with_tiny_scan_chunks(tmp_path, monkeypatch):
     rows = [{"text": "x" * (i % 7 + 1)} for i in range(200)]
     path = write_jsonl(tmp_path / "a.jsonl", rows)
-    monkeypatch.setattr(sources, "_SCAN_CHUNK", 5)  # boundaries fall in many chunks
+    monkeypatch.setattr(input_scan, "_SCAN_CHUNK", 5)  # boundaries fall in many chunks
     for w in (1, 3, 64, 199, 200, 201):
         assert read_all([path], window_samples=w)[1] == [r["text"] for r in rows]
 

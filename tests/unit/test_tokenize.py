@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packfeed.client.rows import IGNORE_INDEX
+from packfeed.service.inputs.read import Piece, RawWindow, WindowSpec, read_window
 from packfeed.service.inputs.records import BadSampleError, Conversation, PromptCompletion
-from packfeed.service.inputs.sources import Piece, RawWindow, WindowSpec, plan_windows, read_window
-from packfeed.service.tokenize.samples import ChatTemplateError, SampleTokenizer, TokenizedSamples
+from packfeed.service.tokenize.chat import ChatTemplateError
+from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 
+from inputs_support import plan_windows
 from tokenizer_fixtures import CHATML, WORDS, qwen_tokenizer_dir, sample, show, word_tokenizer
 
 USER_HI = {"role": "user", "content": "hi"}
@@ -399,9 +401,9 @@ def test_completion_starting_with_uncovered_characters(toks):
     ],
 )  # fmt: skip
 def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
-    from packfeed.service.tokenize.samples import _append_eos
+    from packfeed.service.tokenize.masks import append_eos
 
-    new_lengths, out_ids, out_trained = _append_eos(
+    new_lengths, out_ids, out_trained = append_eos(
         np.asarray(lengths, np.int64), np.asarray(ids, np.int32), np.asarray(trained, bool), 0
     )
     assert out_ids.tolist() == expected_ids and out_trained.astype(int).tolist() == expected_trained
@@ -411,9 +413,9 @@ def test_append_eos(lengths, ids, trained, expected_ids, expected_trained):
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_ranges_to_mask_equals_a_per_token_union(data):
-    from packfeed.service.tokenize.samples import _ranges_to_mask
+    from packfeed.service.tokenize.masks import ranges_to_mask
 
     lengths = data.draw(st.lists(st.integers(0, 12), min_size=1, max_size=6))
     ranges = [data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=3)) for n in lengths]
     expected = [any(a <= t < b for a, b in rs) for n, rs in zip(lengths, ranges) for t in range(n)]
-    assert _ranges_to_mask(np.asarray(lengths, np.int64), ranges).tolist() == expected
+    assert ranges_to_mask(np.asarray(lengths, np.int64), ranges).tolist() == expected

@@ -34,7 +34,7 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
 from packfeed.service.inputs.records import Conversation, PromptCompletion
 from packfeed.service.data.plan import build_plan
-from packfeed.service.inputs.sources import read_window
+from packfeed.service.inputs.read import read_window
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 from packfeed.service.tokenize.backend import FastPathRefused, load_fast, verification_sample
 from packfeed.service.pipeline.window import process_window

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from packfeed.service.inputs.records import Skip
-from packfeed.service.inputs.sources import RawWindow
+from packfeed.service.inputs.read import RawWindow
 from packfeed.service.tokenize.samples import TokenizedSamples
 from packfeed.service.pipeline.window import _tokenize
 

@@ -1,0 +1,332 @@
+"""Reading a window: its pieces (runs of rows of files) to records, and skips for bad rows.
+
+Stage contract (docs/design.md)::
+
+    WindowSpec ──read_window──▶ RawWindow      (in a packing actor; exactly the window's rows)
+
+Which rows a window holds is decided by ``data/plan.py``; this module only reads them. Every
+row goes to the parser of its format (records.py), which returns a record or an
+``InvalidRecord`` that becomes a ``Skip`` naming the file, row and (JSONL) line.
+
+Cost: a JSONL piece seeks to its byte offset (at most ``stride`` lines are skipped after the
+seek, see scan.py) and decodes only its lines; the Parquet row groups or Arrow batches a window
+touches are decoded once for all its pieces of that file (columnar.py); a text piece reads its
+files whole.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from packfeed.service.inputs.columnar import read_columnar
+from packfeed.service.inputs.records import (
+    BLANK_LINE,
+    EMPTY_FIELD,
+    INVALID_UTF8,
+    MALFORMED_JSON,
+    MISSING,
+    NOT_AN_OBJECT,
+    RECORD_PARSERS,
+    UNREADABLE,
+    BadSampleError,
+    InvalidRecord,
+    Skip,
+)
+from packfeed.service.inputs.fileio import open_input
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of consecutive rows of one file that a window holds.
+
+    Row ``start_row + k`` of ``path`` has global sample id ``first_sample_id + k``. JSONL
+    pieces carry ``byte_offset``, the offset of row ``seek_row`` <= ``start_row``: a reader
+    seeks there and skips ``start_row - seek_row`` lines. A ``text`` piece groups consecutive
+    one-document files: its row k is the whole file ``files[k]``.
+    """
+
+    path: str
+    kind: str
+    format: str
+    source: int
+    start_row: int
+    num_rows: int
+    first_sample_id: int
+    byte_offset: int = 0
+    seek_row: int = 0
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Window ``index`` (of the whole stream, all epochs) of epoch ``epoch``: its pieces."""
+
+    index: int
+    epoch: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(p.num_rows for p in self.pieces)
+
+    def sample_ids(self) -> np.ndarray:
+        """The global ids of the window's rows, in piece order (int64)."""
+        parts = [np.arange(p.first_sample_id, p.first_sample_id + p.num_rows, dtype=np.int64) for p in self.pieces]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def piece_of(self, sample_id: int) -> Piece:
+        for piece in self.pieces:
+            if piece.first_sample_id <= sample_id < piece.first_sample_id + piece.num_rows:
+                return piece
+        raise KeyError(f"sample {sample_id} is not in window {self.index}")
+
+    def locate(self, sample_id: int) -> tuple[str, int]:
+        """(file, 0-based row in it) of a sample of this window."""
+        skip = self.skip(sample_id, "", "")
+        return skip.source, skip.row
+
+    def skip(self, sample_id: int, reason: str, detail: str) -> Skip:
+        """A Skip naming the sample's file, row and (JSONL) line."""
+        piece = self.piece_of(sample_id)
+        k = sample_id - piece.first_sample_id
+        if piece.kind == "text":
+            return Skip(sample_id, piece.files[k], 0, reason, detail)
+        row = piece.start_row + k
+        return Skip(sample_id, piece.path, row, reason, detail, row + 1 if piece.kind == "jsonl" else None)
+
+
+@dataclass
+class RawWindow:
+    """The good samples of one window, in piece order, and the skipped ones.
+
+    ``records[i]`` (a ``str``, ``PromptCompletion`` or ``Conversation``: the type is the
+    format) is sample ``sample_ids[i]`` of source ``sources[i]``. Every row of the window is in
+    exactly one of ``records`` and ``skips`` (a sample repeated in the window counts each time).
+    """
+
+    spec: WindowSpec
+    sample_ids: np.ndarray  # int64 [n]
+    records: list[Any]
+    skips: list[Skip] = field(default_factory=list)
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [n]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def bad_sample_error(self, skip: Skip) -> BadSampleError:
+        """The strict-mode error for a skip found after reading (e.g. by the tokenizer)."""
+        return BadSampleError(skip)
+
+    def select(self, positions: Sequence[int]) -> "RawWindow":
+        """The records at ``positions`` (no skips): a sub-window for one tokenizer setting."""
+        pos = np.asarray(positions, dtype=np.int64)
+        return RawWindow(self.spec, self.sample_ids[pos], [self.records[i] for i in pos], [], self.sources[pos])
+
+
+def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
+    """Read exactly the rows of ``spec``: good records with their ids, and a Skip for the rest.
+
+    With ``strict=True`` the first bad row raises ``BadSampleError`` naming file, row and line.
+    Rows of a Parquet/Arrow file the reader cannot decode are skipped as ``unreadable``.
+    """
+    ids: list[int] = []
+    records: list[Any] = []
+    sources: list[int] = []
+    skips: list[Skip] = []
+    columnar = _columnar_tables(spec)
+    for index, piece in enumerate(spec.pieces):
+        parse = RECORD_PARSERS[piece.format]
+        if piece.kind == "jsonl":
+            rows = _jsonl_rows(piece, parse)
+        elif piece.kind == "text":
+            rows = _text_rows(piece)
+        else:
+            rows = _columnar_rows(piece, parse, columnar[index])
+        got = 0
+        for k, record, bad in rows:
+            sid = piece.first_sample_id + k
+            got += 1
+            if bad is None:
+                ids.append(sid)
+                records.append(record)
+                sources.append(piece.source)
+                continue
+            skip = spec.skip(sid, bad.reason, bad.detail)
+            if strict:
+                raise BadSampleError(skip)
+            skips.append(skip)
+        if got != piece.num_rows:
+            raise RuntimeError(
+                f"{piece.path}: expected {piece.num_rows} rows from row {piece.start_row}, read {got}; "
+                "did the file change after the windows were planned?"
+            )
+    return RawWindow(spec, np.asarray(ids, dtype=np.int64), records, skips, np.asarray(sources, dtype=np.int64))
+
+
+Row = tuple[int, Any, "InvalidRecord | None"]
+
+
+def _columnar_tables(spec: WindowSpec) -> dict[int, Any]:
+    """piece position -> its table (or an InvalidRecord when its rows could not be decoded).
+
+    The pieces of one file (and format) are read in one call; when that fails, piece by piece,
+    so a corrupt row group costs its own rows only. An operating-system error (a missing file,
+    no permission, an I/O error) is raised: it is not bad data."""
+    by_file: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(spec.pieces):
+        if p.kind in ("parquet", "arrow"):
+            by_file.setdefault((p.path, p.format), []).append(i)
+    out: dict[int, Any] = {}
+    for (path, fmt), positions in by_file.items():
+        pieces = [spec.pieces[i] for i in positions]
+        try:
+            out.update(zip(positions, _read_pieces(path, fmt, pieces)))
+        except _Undecodable as first:
+            for i, piece in zip(positions, pieces):
+                try:
+                    out[i] = _read_pieces(path, fmt, [piece])[0] if len(pieces) > 1 else first.record
+                except _Undecodable as e:
+                    out[i] = e.record
+    return out
+
+
+class _Undecodable(Exception):
+    def __init__(self, record: InvalidRecord) -> None:
+        self.record = record
+
+
+def _read_pieces(path: str, fmt: str, pieces: list[Piece]) -> list[Any]:
+    try:
+        return read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces], fmt)
+    except Exception as e:  # a corrupt row group or batch: these rows are unreadable, not a crash
+        if isinstance(e, OSError) and e.errno is not None:
+            raise
+        if not type(e).__module__.startswith("pyarrow") and not isinstance(e, (OSError, ValueError)):
+            raise
+        raise _Undecodable(InvalidRecord(UNREADABLE, f"{type(e).__name__}: {str(e)[:200]}")) from None
+
+
+def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:
+    with open_input(piece.path) as f:
+        f.seek(piece.byte_offset)
+        lines = islice(f, piece.start_row - piece.seek_row, None)
+        for k, line in enumerate(islice(lines, piece.num_rows)):
+            try:
+                yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
+            except InvalidRecord as bad:
+                yield k, None, bad
+
+
+class _JsonFields:
+    """``get(key)`` over one JSON object, with ``keys()`` for messages."""
+
+    def __init__(self, obj: dict) -> None:
+        self._obj = obj
+
+    def __call__(self, key: str) -> Any:
+        return self._obj.get(key, MISSING)
+
+    def keys(self) -> list[str]:
+        return list(self._obj)
+
+
+class _ColumnFields:
+    """``get(key)`` over row ``i`` of decoded columns."""
+
+    def __init__(self, values: dict[str, list], i: int) -> None:
+        self._values, self._i = values, i
+
+    def __call__(self, key: str) -> Any:
+        value = self._values[key][self._i] if key in self._values else MISSING
+        if isinstance(value, _NotUtf8):
+            raise InvalidRecord(INVALID_UTF8, f"column {key!r}: {value.reason}")
+        return value
+
+    def keys(self) -> list[str]:
+        return [k for k, v in self._values.items() if v[self._i] is not None]
+
+
+class _NotUtf8:
+    """A string cell whose bytes are not UTF-8 (Arrow does not check them on write or read)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _column_values(column: Any) -> list:
+    """The column as Python values; a cell that is not UTF-8 becomes a ``_NotUtf8`` (its row is
+    skipped if the record uses the column) instead of failing the whole piece."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        values = []
+        for i in range(len(column)):
+            try:
+                values.append(column[i].as_py())
+            except UnicodeDecodeError as e:
+                values.append(_NotUtf8(f"byte {e.start} of a string is not UTF-8"))
+        return values
+
+
+def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
+    if not line.strip():
+        raise InvalidRecord(BLANK_LINE, "blank line")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRecord(INVALID_UTF8, f"byte {e.start} of the line is not UTF-8") from None
+    if bom and text.startswith("\ufeff"):
+        text = text[1:]  # UTF-8 byte order mark at the start of the file
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InvalidRecord(MALFORMED_JSON, str(e)[:200]) from None
+    if not isinstance(obj, dict):
+        raise InvalidRecord(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
+    return parse(_JsonFields(obj))
+
+
+def _text_rows(piece: Piece) -> Iterator[Row]:
+    for k, path in enumerate(piece.files):
+        try:
+            with open_input(path) as f:
+                data = f.read()
+        except OSError as e:
+            yield k, None, InvalidRecord(UNREADABLE, e.strerror or str(e))
+            continue
+        try:
+            yield k, _parse_text_file(data), None
+        except InvalidRecord as bad:
+            yield k, None, bad
+
+
+def _parse_text_file(data: bytes) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRecord(INVALID_UTF8, f"byte {e.start} of the file is not UTF-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text or text.isspace():
+        raise InvalidRecord(EMPTY_FIELD, "the file holds no text")
+    return text
+
+
+def _columnar_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any], table: Any) -> Iterator[Row]:
+    if isinstance(table, InvalidRecord):
+        for k in range(piece.num_rows):
+            yield k, None, table
+        return
+    if table is None:
+        return
+    values = {name: _column_values(table.column(name)) for name in table.schema.names}
+    for i in range(table.num_rows):
+        try:
+            yield i, parse(_ColumnFields(values, i)), None
+        except InvalidRecord as bad:
+            yield i, None, bad
