@@ -20,6 +20,7 @@ from packfeed.client.rows import (
     select_rows,
     seq_lens_from_positions,
 )
+from packfeed.client.state import STATE_VERSION, StreamState
 from packfeed.client.stream import Batch, PackedStream, SourceInfo, StreamError, StreamInfo
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "SourceInfo",
     "StreamError",
     "StreamInfo",
+    "STATE_VERSION",
+    "StreamState",
     # PackedIterableDataset is left out so that `from packfeed.client import *` needs no torch.
 ]
 

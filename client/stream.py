@@ -11,10 +11,10 @@
 The stream runs through every epoch of the server's data config, one after the other, with
 global row indices that keep counting. Rank k of N gets the rows whose global index is k mod
 N, B per step; every rank gets the same number of steps, the last ones padded with flagged
-all-padding rows (``batch.padding_rows``;
-they carry no trained token). ``state_dict()`` is the cursor after the last batch YIELDED (not
-the last one prefetched), so resuming from it neither skips nor repeats a row, also with
-another world size or batch size (the cursor is a step boundary of the global stream).
+all-padding rows (``batch.padding_rows``; they carry no trained token). ``state_dict()``
+(``StreamState``, client/state.py) holds the cursor after the last batch YIELDED (not the last
+one prefetched), so resuming from it neither skips nor repeats a row, also with another world
+size or batch size (the cursor is a step boundary of the global stream).
 
 A background thread keeps ``prefetch`` batches ready. When the server goes away (restart,
 SIGTERM, a dropped connection) it reconnects with exponential backoff and resumes from the
@@ -42,6 +42,7 @@ from typing import Any, Iterator
 import grpc
 import numpy as np
 from packfeed.client.rows import PackedRows
+from packfeed.client.state import StreamState
 from packfeed.client.transport import (
     MAX_MESSAGE_BYTES,
     MAX_REQUEST_BYTES,
@@ -56,7 +57,6 @@ from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, DecodedBatch, decode_batch_bytes
 
 logger = logging.getLogger("packfeed.client")
-STATE_VERSION = 1
 MAX_BATCH_ROWS = 1 << 16  # rows per batch a client may ask for at all (a server's own limit is lower)
 
 # Worth retrying from the cursor: the server restarts, drains, is briefly overloaded, or the
@@ -148,7 +148,8 @@ class PackedStream:
 
     ``target``: "host:port". ``token``: the server's bearer token (default $PACKFEED_AUTH_TOKEN).
     ``tls_ca``: PEM file (or bytes) of the CA that signed the server's certificate: use TLS.
-    ``state``: a ``state_dict()`` to resume from. ``prefetch``: batches kept ready.
+    ``state``: a ``state_dict()`` (or a :class:`StreamState`) to resume from; ValueError naming
+    the field at fault when it is not one. ``prefetch``: batches kept ready.
     ``retry_timeout_s``: give up reconnecting after this long without a batch.
     ``tls_server_name``: the name the server's certificate must carry, when it differs from the
     host dialled (a port-forward to localhost, an IP). ``progress_timeout_s``: raise a
@@ -164,7 +165,7 @@ class PackedStream:
         rank: int = 0,
         world_size: int = 1,
         batch_rows: int = 8,
-        state: dict | None = None,
+        state: StreamState | dict | None = None,
         token: str | None = None,
         tls_ca: str | Path | bytes | None = None,
         prefetch: int = 4,
@@ -198,13 +199,7 @@ class PackedStream:
         self._tls_server_name = tls_server_name
         self._tls_checked = False
         self._credentials = None if tls_ca is None else grpc.ssl_channel_credentials(root_certificates=tls_ca)
-        state = dict(state or {})
-        if state and state.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown stream state version {state.get('version')!r}, expected {STATE_VERSION}")
-        self._cursor = int(state.get("cursor", 0))  # after the last batch yielded
-        self._step = int(state.get("step", 0))
-        self._config_hash: str | None = state.get("config_hash")
-        self._seq_len: int | None = state.get("seq_len")
+        self._state = StreamState.resume_from(state)  # after the last batch yielded
         self.reconnects = 0  # times the stream was re-opened after a retryable error
         self._outage: tuple[float, int] | None = None  # (when retrying started, tries) while the server is away
         self._queue: queue.Queue = queue.Queue(maxsize=prefetch)
@@ -225,7 +220,7 @@ class PackedStream:
             response_deserializer=packfeed_pb2.StreamInfo.FromString,
         )
         info = self._retrying(lambda: call(packfeed_pb2.DescribeRequest(), metadata=self._metadata, timeout=30))
-        self._back(self._cursor)
+        self._back(self._state.cursor)
         if info.wire_version != WIRE_VERSION:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
                               f"server speaks wire version {info.wire_version}, this client {WIRE_VERSION}")
@@ -244,15 +239,15 @@ class PackedStream:
             max_batch_rows=info.max_batch_rows,
         )
 
+    @property
+    def state(self) -> StreamState:
+        """The position after the last batch yielded (``state_dict()`` is its JSON-able record)."""
+        return self._state
+
     def state_dict(self) -> dict:
-        """JSON-able position after the last batch yielded; pass as ``state=`` to resume."""
-        return {
-            "version": STATE_VERSION,
-            "cursor": self._cursor,
-            "step": self._step,
-            "config_hash": self._config_hash,
-            "seq_len": self._seq_len,
-        }
+        """JSON-able position after the last batch yielded (``StreamState.to_dict()``); pass as
+        ``state=`` to resume."""
+        return self._state.to_dict()
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -278,9 +273,9 @@ class PackedStream:
             self._done = True
             raise item
         decoded: DecodedBatch = item
-        batch = Batch(rows=decoded.rows, padding_rows=decoded.padding_rows, cursor=decoded.cursor, step=self._step)
-        self._cursor = decoded.cursor
-        self._step += 1
+        step = self._state.step
+        batch = Batch(rows=decoded.rows, padding_rows=decoded.padding_rows, cursor=decoded.cursor, step=step)
+        self._state = self._state.after_step(decoded.cursor)
         return batch
 
     def close(self) -> None:
@@ -322,13 +317,12 @@ class PackedStream:
         if info.max_batch_rows and self.batch_rows > info.max_batch_rows:
             raise ValueError(f"batch_rows {self.batch_rows} is above the server's limit of {info.max_batch_rows} "
                              "(its --max-batch-rows): use fewer rows per batch")
-        if self._config_hash is None:
-            self._config_hash = info.config_hash  # pinned: a restarted server must stream the same data
-        if self._seq_len is None:
-            self._seq_len = info.seq_len
-        limit = batch_message_limit(self.batch_rows, self._seq_len)
+        # pinned: a restarted server must stream the same data
+        self._state = self._state.pinned(info.config_hash, info.seq_len)
+        seq_len = self._state.seq_len
+        limit = batch_message_limit(self.batch_rows, seq_len)
         if limit > MAX_MESSAGE_BYTES:
-            raise ValueError(f"batch_rows {self.batch_rows} x seq_len {self._seq_len} makes messages above gRPC's 2 GiB "
+            raise ValueError(f"batch_rows {self.batch_rows} x seq_len {seq_len} makes messages above gRPC's 2 GiB "
                              "limit: use fewer rows per batch")
         self._data = self._channel(limit)
         self._thread = threading.Thread(target=self._fetch, name=f"packfeed-stream-rank{self.rank}", daemon=True)
@@ -340,8 +334,8 @@ class PackedStream:
             world_size=self.world_size,
             batch_rows=self.batch_rows,
             cursor=cursor,
-            expected_config_hash=self._config_hash,
-            expected_seq_len=self._seq_len,
+            expected_config_hash=self._state.config_hash,
+            expected_seq_len=self._state.seq_len,
         )
 
     def _fetch(self) -> None:
@@ -351,7 +345,8 @@ class PackedStream:
             request_serializer=packfeed_pb2.StreamRequest.SerializeToString,
             response_deserializer=decode_batch_bytes,
         )
-        cursor = self._cursor  # after the last batch received
+        cursor = self._state.cursor  # after the last batch received
+        seq_len = self._state.seq_len  # pinned by _start
         item: Any = _END
 
         def read_all() -> None:
@@ -361,9 +356,9 @@ class PackedStream:
                 self._call.cancel()
             for decoded in self._call:
                 self._back(cursor)
-                if decoded.rows.num_rows != self.batch_rows or decoded.rows.seq_len != self._seq_len:
+                if decoded.rows.num_rows != self.batch_rows or decoded.rows.seq_len != seq_len:
                     raise StreamError(grpc.StatusCode.DATA_LOSS, f"batch of shape {decoded.rows.input_ids.shape}, "
-                                      f"expected [{self.batch_rows}, {self._seq_len}]")
+                                      f"expected [{self.batch_rows}, {seq_len}]")
                 if not self._put(decoded):
                     return
                 cursor = decoded.cursor
@@ -419,8 +414,8 @@ class PackedStream:
         if self._outage is None:
             self._outage = (time.monotonic(), 1)
             logger.warning("rank %d: %s is unavailable (%s: %s); retrying from cursor %s for up to %.0fs",
-                           self.rank, self.target, code.name, details, self._cursor if cursor is None else cursor,
-                           self.retry_timeout_s)
+                           self.rank, self.target, code.name, details,
+                           self._state.cursor if cursor is None else cursor, self.retry_timeout_s)
         else:
             self._outage = (self._outage[0], self._outage[1] + 1)
 

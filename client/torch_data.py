@@ -35,7 +35,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packfeed.client.model_inputs import to_model_inputs
-from packfeed.client.stream import STATE_VERSION, Batch, PackedStream, StreamInfo
+from packfeed.client.state import StreamState
+from packfeed.client.stream import Batch, PackedStream, StreamInfo
 
 
 class PackedIterableDataset(IterableDataset):
@@ -46,15 +47,16 @@ class PackedIterableDataset(IterableDataset):
     """
 
     def __init__(
-        self, target: str, *, state: dict | None = None, device: str | torch.device | None = None, **stream_args
+        self, target: str, *, state: StreamState | dict | None = None, device: str | torch.device | None = None,
+        **stream_args,
     ) -> None:
         super().__init__()
         # rank, world_size, batch_rows, token, tls_ca, prefetch, ...: PackedStream's keywords.
         self._stream_args = stream_args
         self.target, self.device = target, device
-        # Validates the arguments and the state now, not at the first iteration.
-        with self._open(state) as stream:
-            self._state = stream.state_dict()
+        # The state and the stream's arguments are checked now, not at the first iteration.
+        self._state = StreamState.resume_from(state)
+        self._open(self._state).close()
         self.last_batch: Batch | None = None
 
     def describe(self) -> StreamInfo:
@@ -63,14 +65,13 @@ class PackedIterableDataset(IterableDataset):
             return stream.describe()
 
     def state_dict(self) -> dict:
-        """JSON-able position after the last item yielded."""
-        return dict(self._state)
+        """JSON-able position after the last item yielded (``StreamState.to_dict()``)."""
+        return self._state.to_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (a ``state_dict()``) at the next ``iter()``."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unknown stream state version {state.get('version')!r}, expected {STATE_VERSION}")
-        self._state = dict(state)
+        """Continue from ``state`` (a ``state_dict()``) at the next ``iter()``; ValueError naming
+        the field at fault when it is not one."""
+        self._state = StreamState.from_dict(state)
 
     def __iter__(self) -> Iterator[dict]:
         worker = get_worker_info()
@@ -83,8 +84,8 @@ class PackedIterableDataset(IterableDataset):
             for batch in stream:
                 inputs = to_model_inputs(batch.rows, device=self.device)
                 # Before the yield: once the consumer holds this batch it counts as consumed.
-                self._state, self.last_batch = stream.state_dict(), batch
+                self._state, self.last_batch = stream.state, batch
                 yield inputs
 
-    def _open(self, state: dict | None) -> PackedStream:
+    def _open(self, state: StreamState) -> PackedStream:
         return PackedStream(self.target, state=state, **self._stream_args)

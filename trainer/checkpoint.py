@@ -6,8 +6,8 @@ Layout of one checkpoint directory::
     optimizer.pt           optimizer.state_dict()
     scheduler.pt           scheduler.state_dict()
     trainer_state.json     {"step": completed optimizer steps, "stream": the stream state after it
-                           (PackedStream.state_dict()'s format: cursor, step, config hash, seq_len),
-                           "manifest": window first rows (hub.Manifest), "config": the run config}
+                           (client StreamState's record: cursor, step, config hash, seq_len),
+                           "manifest": window first rows (delivery/manifest.py), "config": the run config}
 
 Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``);
 ``latest_checkpoint(output)`` finds the newest one for ``--resume``.
@@ -22,7 +22,7 @@ from typing import Any
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
-MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (hub.Manifest), under --output
+MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (delivery/manifest.py), under --output
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
 FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
 # Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is

@@ -3,15 +3,16 @@
 Ray Train's own dataset sharding (``streaming_split``) hands blocks to whichever worker asks
 first, so which rank trains on which row is not reproducible. packfeed instead reads the
 ordered stream in ONE place, this actor, through the same ``RowHub`` as ``packfeed serve``,
-and hands out rows with the same rule (``service/delivery/assign.py``): at step s, rank k of N gets the
-B = grad_accum x micro_batch_rows rows of the step whose global index is k mod N, the last
-step filled with flagged padding rows. Rank k's micro-batch m is rows m*M .. (m+1)*M - 1 of
-its B. The answer is a function of the stream only, so an interrupted-then-resumed run, a run
-whose worker group Ray Train restarted, and an uninterrupted run train on the same rows.
+and hands out rows with the same function (``service/delivery/steps.py``, the rule of
+``service/delivery/assign.py``): at step s, rank k of N gets the B = grad_accum x
+micro_batch_rows rows of the step whose global index is k mod N, the last step filled with
+flagged padding rows. Rank k's micro-batch m is rows m*M .. (m+1)*M - 1 of its B. The answer
+is a function of the stream only, so an interrupted-then-resumed run, a run whose worker group
+Ray Train restarted, and an uninterrupted run train on the same rows.
 
-The resume record is the client's: ``PackedStream.state_dict()``-style ``{"version",
-"cursor", "step", "config_hash", "seq_len"}`` (cursor = rows of the stream consumed after the
-step), plus the manifest of window first rows (``hub.Manifest``), so a resumed run packs from
+The resume record is the client's ``StreamState`` (client/state.py: ``{"version", "cursor",
+"step", "config_hash", "seq_len"}``, cursor = rows of the stream consumed after the step), plus
+the manifest of window first rows (service/delivery/manifest.py), so a resumed run packs from
 the window holding the cursor, not from the start, also with another world size or batch size.
 
 Stopping: ``request_stop()`` (the driver, on SIGTERM/SIGINT) fixes the stop step at one past
@@ -34,9 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from packfeed.client.rows import PackedRows
-from packfeed.client.stream import STATE_VERSION
-from packfeed.service.delivery.assign import check_request, fill_batch, num_steps, split_micro_batches, step_rows
-from packfeed.service.delivery.hub import Manifest, OpenReader, RowHub
+from packfeed.client.state import StreamState
+from packfeed.service.delivery.assign import check_request, split_micro_batches
+from packfeed.service.delivery.hub import OpenReader, RowHub
+from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.delivery.steps import rank_batch
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +48,10 @@ STOP = "stop"  # get_step's answer from the stop step on (request_stop)
 
 class RowFeeder:
     """Plain class (tests drive it directly); ``ray.remote(num_cpus=0, max_concurrency=...)``
-    in a run. ``open_reader``: the hub's reader (tests inject one; a run's
-    ``StreamFeeder`` uses ``service.streams.pipeline_source``'s). ``state``: the stream state of the checkpoint to resume
-    from (None: the start); ``first_step``: the global step the run starts at."""
+    in a run. ``open_reader``: the hub's reader (tests inject one; a run's ``StreamFeeder``
+    uses its ``service.delivery.row_stream.RowStream``'s). ``state``: the stream state of the
+    checkpoint to resume from (a ``StreamState`` or its record; None: the start); its step is
+    the global step the run starts at."""
 
     def __init__(
         self,
@@ -60,22 +64,17 @@ class RowFeeder:
         seq_len: int,
         pad_id: int,
         config_hash: str,
-        state: dict | None = None,
+        state: StreamState | dict | None = None,
         capacity: int | None = None,
         stats: Any = None,
     ) -> None:
         """``stats``: the RunStats the reader folds its windows into (None in tests)."""
-        state = dict(state or {})
-        if state and state.get("config_hash") not in (None, config_hash):
-            raise ValueError(
-                f"the checkpoint was trained on data config {state['config_hash']}, this run's is {config_hash}: "
-                "resume with the same data config, or start a new run"
-            )
+        start = StreamState.resume_from(state)
+        start.check_matches(config_hash, seq_len)
         self.world_size, self.grad_accum, self.micro_rows = world_size, grad_accum, micro_rows
         self.batch_rows = grad_accum * micro_rows
         self.seq_len, self.pad_id, self.config_hash = seq_len, pad_id, config_hash
-        self.cursor0 = int(state.get("cursor", 0))
-        self.first_step = int(state.get("step", 0))
+        self.cursor0, self.first_step = start.cursor, start.step
         check_request(0, world_size, self.batch_rows, self.cursor0)
         per_step = world_size * self.batch_rows
         self.hub = RowHub(open_reader, manifest, capacity=capacity or max(2048, 4 * per_step))
@@ -101,18 +100,9 @@ class RowFeeder:
             if self._stop_step is not None and step >= self._stop_step:
                 return STOP
             self._highest = max(self._highest, step)
-        s = step - self.first_step
-        total = self.hub.total_rows
-        if total is not None and s >= num_steps(self.world_size, self.batch_rows, self.cursor0, total):
-            return None
-        wanted = step_rows(rank, self.world_size, self.batch_rows, self.cursor0, s, total)
-        real, total = self._consumers[rank].rows(wanted.rows, through=wanted.cursor - 1)  # the cursor must exist
-        if total is not None:
-            if s >= num_steps(self.world_size, self.batch_rows, self.cursor0, total):
-                return None
-            wanted = step_rows(rank, self.world_size, self.batch_rows, self.cursor0, s, total)
-        rows, _ = fill_batch(real, wanted, self.seq_len, self.pad_id)
-        return split_micro_batches(rows, self.grad_accum)
+        batch = rank_batch(self._consumers[rank], rank=rank, world_size=self.world_size, batch_rows=self.batch_rows,
+                           cursor=self.cursor0, step=step - self.first_step, seq_len=self.seq_len, pad_id=self.pad_id)
+        return None if batch is None else split_micro_batches(batch.rows, self.grad_accum)
 
     def request_stop(self) -> int:
         """Stop the run as soon as every rank can: returns the stop step, the count of completed
@@ -131,11 +121,8 @@ class RowFeeder:
         total = self.hub.total_rows
         if total is not None:
             cursor = min(cursor, total)
-        return {
-            "stream": {"version": STATE_VERSION, "cursor": cursor, "step": step, "config_hash": self.config_hash,
-                       "seq_len": self.seq_len},
-            "manifest": self.hub.manifest.to_dict(),
-        }
+        stream = StreamState(cursor=cursor, step=step, config_hash=self.config_hash, seq_len=self.seq_len)
+        return {"stream": stream.to_dict(), "manifest": self.hub.manifest.to_dict()}
 
     def total_rows(self) -> int | None:
         return self.hub.total_rows

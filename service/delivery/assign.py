@@ -1,8 +1,9 @@
 """Which global rows each consumer gets: the one delivery contract of the packed stream.
 
-Used by both consumers of the stream: the gRPC server (``packfeed serve``, one call per rank)
-and the Ray Train feeder (``packfeed train``, whose rank's B rows are ``grad_accum``
-micro-batches). Resume records are the same in both: the cursor below.
+Used by both consumers of the stream, through one function (steps.py ``rank_batch``): the gRPC
+server (``packfeed serve``, one call per rank) and the Ray Train feeder (``packfeed train``,
+whose rank's B rows are ``grad_accum`` micro-batches). Resume records are the same in both: the
+cursor below.
 
 Contract (docs/design.md, "Delivery, determinism, resume"): the stream is a sequence of rows
 with global indices 0, 1, 2, ... A consumer asks for (rank k, world size N, B rows per batch,

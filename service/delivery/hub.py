@@ -21,10 +21,10 @@ packing work for its own rows only and never evicts what near consumers need. Th
 moves (restarts at the window holding the row) only when no attached consumer reads where it
 is, or when there is no catch-up path (the trainer's feeder: its ranks always move together).
 
-``Manifest`` remembers, per window, the global index of its first row (written to disk as
-windows arrive), so a restart or a catch-up packs at most the windows from that window on: the
-cost of a resume does not grow with the cursor. Without an entry the reader starts at the last
-window it knows, at worst the first.
+The ``Manifest`` (manifest.py) remembers, per window, the global index of its first row
+(written to disk as windows arrive), so a restart or a catch-up packs at most the windows from
+that window on: the cost of a resume does not grow with the cursor. Without an entry the
+reader starts at the last window it knows, at worst the first.
 
 Pure Python threads, numpy and packfeed.client: no gRPC, no Ray (readers are injected).
 """
@@ -32,21 +32,16 @@ Pure Python threads, numpy and packfeed.client: no gRPC, no Ray (readers are inj
 from __future__ import annotations
 
 import bisect
-import json
-import logging
-import os
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 from packfeed.client.rows import PackedRows, concat_rows, select_rows
 from packfeed.service import faults
-
-logger = logging.getLogger("packfeed")
+from packfeed.service.delivery.manifest import Manifest
 
 # open_reader(start_window, first_row) -> iterator of (window, rows); rows carry global
 # row_index first_row, first_row + 1, ... in stream order.
@@ -63,124 +58,6 @@ class ConsumerGone(Exception):
 
 class HubClosed(Exception):
     """The hub is draining or closed (server shutting down): the client should retry."""
-
-
-class Manifest:
-    """Global index of the first row of each window, and the stream length once known.
-
-    Optionally persisted at ``path`` as JSON lines: a header ``{"key": ...}``, then one line per
-    window learnt (``{"w": window, "r": first_row}``) and ``{"end": total_rows}``, appended as
-    they arrive, so recording costs the same at window 10 and at window 100,000. A torn last
-    line (a killed server) is ignored on load.
-
-    ``key`` identifies the stream (data config hash + the plan): a file written for another
-    key is ignored, never trusted, and replaced at the first write. The file is a cache: a
-    failed write is logged once and the stream goes on (``check_writable`` is the start-up check).
-    """
-
-    def __init__(self, key: str, path: Path | None = None) -> None:
-        self.key = key
-        self.path = Path(path) if path is not None else None
-        self._lock = threading.Lock()
-        self.first_row: dict[int, int] = {0: 0}
-        self._starts: list[tuple[int, int]] = [(0, 0)]  # (first_row, window), sorted: what locate searches
-        self.total_rows: int | None = None
-        self._write_failed = False
-        self._file_ours = False  # the file at path holds this key's header: append to it
-        self._torn = False
-        if self.path is not None and self.path.exists():
-            self._load()
-
-    def _load(self) -> None:
-        try:
-            text = self.path.read_text()
-        except OSError:
-            return
-        lines = text.splitlines()
-        self._torn = not text.endswith("\n")  # the next line must not continue a torn one
-        try:
-            header = json.loads(lines[0]) if lines else None
-        except ValueError:
-            return
-        if not isinstance(header, dict) or header.get("key") != self.key:
-            return
-        self._file_ours = True
-        for line in lines[1:]:
-            try:
-                entry = json.loads(line)
-                if "end" in entry:
-                    self.total_rows = int(entry["end"])
-                else:
-                    self._set(int(entry["w"]), int(entry["r"]))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                continue  # a torn line: what it said is learnt again
-
-    def check_writable(self) -> None:
-        """OSError naming the directory unless the manifest can be written there."""
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        probe = self.path.with_suffix(f".probe{os.getpid()}")
-        probe.write_text("")
-        probe.unlink()
-
-    def locate(self, row: int) -> tuple[int, int]:
-        """(window, its first row) of the latest known window starting at or before ``row``."""
-        with self._lock:
-            i = bisect.bisect_right(self._starts, (row, float("inf"))) - 1
-            first, window = self._starts[max(i, 0)]
-        return window, first
-
-    def record(self, window: int, first_row: int) -> None:
-        with self._lock:
-            if self.first_row.get(window) == first_row:
-                return
-            self._set(window, first_row)
-            self._append({"w": window, "r": first_row})
-
-    def record_end(self, total_rows: int) -> None:
-        with self._lock:
-            if self.total_rows == total_rows:
-                return
-            self.total_rows = total_rows
-            self._append({"end": total_rows})
-
-    def to_dict(self) -> dict:
-        with self._lock:
-            return {"key": self.key, "first_row": {str(w): r for w, r in self.first_row.items()},
-                    "total_rows": self.total_rows}
-
-    def _set(self, window: int, first_row: int) -> None:
-        old = self.first_row.get(window)
-        if old is not None:
-            self._starts.remove((old, window))
-        self.first_row[window] = first_row
-        bisect.insort(self._starts, (first_row, window))
-
-    def _append(self, entry: dict) -> None:
-        """Write what was learnt (caller holds the lock: lines keep their order)."""
-        if self.path is None:
-            return
-        try:
-            if not self._file_ours:  # a new file, or another stream's: start it with what we know
-                lines = [{"key": self.key}, *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
-                if self.total_rows is not None:
-                    lines.append({"end": self.total_rows})
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
-                os.replace(tmp, self.path)
-                self._file_ours = True
-                return
-            with open(self.path, "a") as f:
-                f.write(("\n" if self._torn else "") + json.dumps(entry) + "\n")
-            self._torn = False
-        except OSError as e:  # tried again at the next window; said once
-            self._torn = True  # a write cut short may have left half a line
-            if not self._write_failed:
-                logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
-                               "restart will pack from the last window it knows", self.path, e)
-            self._write_failed = True
 
 
 @dataclass

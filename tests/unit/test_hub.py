@@ -1,8 +1,9 @@
 """RowHub and Manifest: the right rows by global index, bounded memory, cheap restarts, clean ends.
 
-The hub is driven by a synthetic reader over a deterministic stream whose every row is a
-function of its global index (``SyntheticStream.reference``), so any row the hub returns can be
-checked against the truth without trusting the hub, ``select_rows`` or ``concat_rows``.
+The hub is driven by a synthetic reader (stream_fixtures.py) over a deterministic stream whose
+every row is a function of its global index (``SyntheticStream.reference``), so any row the hub
+returns can be checked against the truth without trusting the hub, ``select_rows`` or
+``concat_rows``.
 Windows have uneven sizes (an empty one, a one-row one, ones above PIECE_ROWS) and arrive in
 blocks of BLOCK_ROWS rows, so reads cross window, block and piece boundaries.
 
@@ -12,8 +13,6 @@ progress fails the test with ConsumerGone instead of hanging it.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 import json
 import threading
@@ -21,138 +20,13 @@ import time
 
 import numpy as np
 import pytest
-from packfeed.client.rows import (
-    IGNORE_INDEX,
-    PAD_SAMPLE_ID,
-    PackedRows,
-    check_rows,
-    positions_from_seq_lens,
-)
+from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows, check_rows
 from packfeed.service.delivery.assign import num_steps, step_rows
-from packfeed.service.delivery.hub import PIECE_ROWS, ConsumerGone, HubClosed, Manifest, RowHub
+from packfeed.service.delivery.hub import PIECE_ROWS, ConsumerGone, HubClosed, RowHub
+from packfeed.service.delivery.manifest import Manifest
+from stream_fixtures import BLOCK_ROWS, SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
 
-SEQ_LEN = 8
-BLOCK_ROWS = 50  # the synthetic reader yields a window in blocks of this many rows
-# 704 rows in 9 windows: one empty, one of a single row, several above PIECE_ROWS.
-WINDOW_ROWS = (37, 0, 150, 1, 64, 203, 90, 129, 30)
 DEADLINE_S = 20.0  # generous: the machine is shared and noisy
-
-
-class SyntheticStream:
-    """A deterministic packed stream split into windows, and an ``open_reader`` over it.
-
-    Row g has tokens g*L+1 .. g*L+L (unique across the stream), 1 to 3 segments of sizes drawn
-    from a generator seeded by g, sometimes a padding tail, sample ids 10*g + k.
-
-    ``opened`` lists every (window, first_row) the hub opened a reader at; ``max_row_yielded``
-    is the highest global row any reader handed over (how far the hub pulled the pipeline);
-    ``closed`` counts readers closed. ``fail_at`` raises ``error`` instead of yielding the block
-    that holds that row; ``gate`` (an Event) holds every block back until it is set.
-
-    The reader yields the window's true rows whatever ``first_row`` it is given: a hub that
-    opens a window at the wrong row fails its own row_index check, and the test with it.
-    """
-
-    def __init__(self, window_rows=WINDOW_ROWS, *, block_rows=BLOCK_ROWS, fail_at: int | None = None,
-                 error: BaseException | None = None, gate: threading.Event | None = None) -> None:
-        self.window_rows = list(window_rows)
-        self.starts = [0, *itertools.accumulate(self.window_rows)][:-1]
-        self.total = sum(self.window_rows)
-        self.block_rows = block_rows
-        self.fail_at, self.error, self.gate = fail_at, error, gate
-        self.opened: list[tuple[int, int]] = []
-        self.packed: list[int] = []  # windows packed by the catch-up path
-        self.max_row_yielded = -1
-        self.closed = 0
-        self._lock = threading.Lock()
-
-    def window_of(self, row: int) -> int:
-        """The (non-empty) window holding ``row``."""
-        return max(w for w, (s, n) in enumerate(zip(self.starts, self.window_rows)) if n and s <= row)
-
-    @staticmethod
-    @functools.cache
-    def reference_row(g: int) -> dict:
-        rng = np.random.default_rng(g)
-        k = int(rng.integers(1, 4))
-        cuts = np.sort(rng.choice(np.arange(1, SEQ_LEN), size=k - 1, replace=False))
-        lens = np.diff(np.concatenate([[0], cuts, [SEQ_LEN]])).astype(np.int32)
-        ids = np.arange(g * SEQ_LEN + 1, (g + 1) * SEQ_LEN + 1, dtype=np.int32)
-        labels = ids.copy()
-        labels[np.cumsum(lens) - lens] = IGNORE_INDEX
-        sample_ids = 10 * g + np.arange(k, dtype=np.int64)
-        if k > 1 and g % 3 == 0:  # padding tail
-            ids[SEQ_LEN - lens[-1]:] = 0
-            labels[SEQ_LEN - lens[-1]:] = IGNORE_INDEX
-            sample_ids[-1] = PAD_SAMPLE_ID
-        return {
-            "input_ids": ids,
-            "labels": labels,
-            "position_ids": positions_from_seq_lens(lens),
-            "seq_lens": lens,
-            "sample_ids": sample_ids,
-            "row_index": g,
-        }
-
-    @classmethod
-    def reference(cls, indices) -> PackedRows:
-        """The rows ``indices`` built row by row (no select_rows, no concat_rows)."""
-        per_row = [cls.reference_row(int(g)) for g in indices]
-        return PackedRows.from_columns({name: [r[name] for r in per_row] for name in per_row[0]})
-
-    def open_reader(self, window: int, first_row: int):
-        with self._lock:
-            self.opened.append((window, first_row))
-        return self._read(window)
-
-    def pack_window(self, window: int) -> PackedRows | None:
-        """The catch-up path: one window's rows (row_index local), None past the last."""
-        if window >= len(self.window_rows):
-            return None
-        with self._lock:
-            self.packed.append(window)
-        start, n = self.starts[window], self.window_rows[window]
-        if n == 0:
-            return PackedRows.from_columns(_EMPTY)
-        rows = self.reference(range(start, start + n))
-        return dataclasses.replace(rows, row_index=np.arange(n, dtype=np.int64))
-
-    def _read(self, window: int):
-        try:
-            for w in range(window, len(self.window_rows)):
-                start, stop = self.starts[w], self.starts[w] + self.window_rows[w]
-                for a in range(start, stop, self.block_rows):
-                    b = min(a + self.block_rows, stop)
-                    if self.fail_at is not None and a <= self.fail_at < b:
-                        raise self.error
-                    if self.gate is not None:
-                        self.gate.wait()
-                    with self._lock:
-                        self.max_row_yielded = max(self.max_row_yielded, b - 1)
-                    yield w, self.reference(range(a, b))
-                if start == stop:
-                    yield w, PackedRows.from_columns(_EMPTY)  # an empty block
-        finally:
-            with self._lock:
-                self.closed += 1
-
-
-_EMPTY = {"input_ids": np.zeros((0, SEQ_LEN), np.int32), "labels": np.zeros((0, SEQ_LEN), np.int32),
-          "position_ids": np.zeros((0, SEQ_LEN), np.int32), "seq_lens": [], "sample_ids": [], "row_index": []}
-
-
-def assert_rows(got: PackedRows | None, indices) -> None:
-    """``got`` holds exactly the reference rows ``indices``, in that order."""
-    indices = list(indices)
-    if not indices:
-        assert got is None
-        return
-    assert got is not None, f"expected rows {indices[0]}..{indices[-1]}, got none"
-    want = SyntheticStream.reference(indices)
-    for name in ("row_index", "input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "segment_splits"):
-        a, b = getattr(got, name), getattr(want, name)
-        if a.shape != b.shape or not np.array_equal(a, b):  # the fast check; the message on failure
-            np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 def alive_until(seconds: float = DEADLINE_S):
@@ -427,7 +301,7 @@ def test_a_consumer_ahead_of_the_reader_jumps_to_a_known_window(tmp_path):
 def test_a_consumer_ahead_of_the_reader_has_a_negative_lag_and_is_said_to_wait():
     """The lag (reader position - the consumer's first row) is negative while a consumer waits
     for rows not made yet: the status line must not call it "-40 rows behind"."""
-    from packfeed.service.commands.serve import consumers_status
+    from packfeed.service.delivery.serve import consumers_status
 
     gate = threading.Event()  # holds the reader's first block back: nothing is produced yet
     stream = SyntheticStream(gate=gate)

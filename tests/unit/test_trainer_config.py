@@ -199,11 +199,12 @@ def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
     run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
     h = run.data.config_hash()
     plan = SimpleNamespace(fingerprint=lambda: "f1")
-    good = {"stream": {"config_hash": h, "seq_len": 64}, "manifest": {"key": f"{h}-f1"}, "config": run.to_dict()}
+    stream = {"version": 1, "config_hash": h, "seq_len": 64}  # a checkpoint's StreamState record
+    good = {"stream": stream, "manifest": {"key": f"{h}-f1"}, "config": run.to_dict()}
     check_resume(good, run, packed=None, plan=plan)
     for state, match in (
-        ({**good, "stream": {"config_hash": "other", "seq_len": 64}}, "trained on data config other"),
-        ({**good, "stream": {"config_hash": h, "seq_len": 128}}, "rows of 128 tokens"),
+        ({**good, "stream": {**stream, "config_hash": "other"}}, "trained on data config other"),
+        ({**good, "stream": {**stream, "seq_len": 128}}, "rows of 128 tokens"),
         ({**good, "manifest": {"key": f"{h}-f0"}}, "the input files changed"),
         ({**good, "config": {**good["config"], "model": {**good["config"]["model"], "name": "tiny-qwen3"}}},
          "model name 'tiny-qwen3'"),

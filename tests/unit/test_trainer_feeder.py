@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
-from packfeed.client.stream import STATE_VERSION
+from packfeed.client.state import STATE_VERSION
 from packfeed.service.delivery.assign import num_steps
-from packfeed.service.delivery.hub import Manifest
+from packfeed.service.delivery.manifest import Manifest
 from packfeed.trainer.feeder import STOP, RowFeeder
 
 SEQ_LEN, PAD_ID, HASH = 4, 0, "cafe"
@@ -118,12 +118,23 @@ def test_a_restarted_rank_gets_the_same_rows_again():
     assert again == {k: v for k, v in first.items() if k[0] >= 2}
 
 
-def test_state_caps_the_cursor_at_the_end_and_refuses_another_stream():
+def test_state_caps_the_cursor_at_the_end():
     f = feeder(2, 2, 2)
     served(f, 0, 3)
     assert f.state(3)["stream"]["cursor"] == TOTAL
-    with pytest.raises(ValueError, match="data config"):
-        feeder(2, 1, 1, state={"version": STATE_VERSION, "cursor": 4, "step": 1, "config_hash": "other", "seq_len": 4})
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("config_hash", "other", "trained on data config other, this run's is cafe"),
+    ("seq_len", 8, "trained on rows of 8 tokens, this run's seq_len is 4"),
+    ("version", 2, "unknown stream state version 2"),
+    ("cursor", -1, "'cursor' must be an integer >= 0"),
+])
+def test_a_state_of_another_stream_or_a_bad_record_is_refused(field, value, message):
+    state = {"version": STATE_VERSION, "cursor": 4, "step": 1, "config_hash": HASH, "seq_len": SEQ_LEN}
+    feeder(2, 1, 1, state=state)  # the record itself resumes
+    with pytest.raises(ValueError, match=message):
+        feeder(2, 1, 1, state={**state, field: value})
 
 
 def test_a_stop_ends_every_rank_after_the_same_step_whichever_steps_they_asked_for():
