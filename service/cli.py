@@ -28,7 +28,7 @@ from typing import Any
 
 from packfeed.service.commands.args import HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
-from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, shutdown_ray
+from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, ray_initialised, shutdown_ray
 
 GROUP = "packfeed.commands"
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit status. Ray started by the command is shut down
     before returning; a Ray the caller had already initialised is left running."""
     prepare_ray_env()  # before anything imports Ray
-    callers_ray = _ray_initialised()
+    callers_ray = ray_initialised()
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     configure_logging(args.command, args.debug)
     try:
@@ -88,11 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         if not callers_ray:
             with _signals_ignored():  # a second SIGTERM or Ctrl-C must not cut the shutdown short
                 shutdown_ray()  # in order, before the interpreter's exit hooks run
-
-
-def _ray_initialised() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
 
 
 def _announce_faults() -> None:

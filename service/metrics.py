@@ -53,8 +53,8 @@ PREFIX = "packfeed_"
 class ServeCollector:
     """Metric families from the live server objects (see the table in the module docstring)."""
 
-    def __init__(self, *, hub: Any, service: Any, source: Any) -> None:
-        self.hub, self.service, self.source = hub, service, source
+    def __init__(self, *, hub: Any, service: Any, stream: Any) -> None:
+        self.hub, self.service, self.stream = hub, service, stream
 
     def collect(self):
         snap = self.hub.snapshot()
@@ -83,25 +83,25 @@ class ServeCollector:
                        "the main reader", snap["catchup_windows"])
         if self.hub.total_rows is not None:
             yield _gauge("stream_rows", "rows of the whole stream", self.hub.total_rows)
-        totals = packing_totals(self.source)
+        totals = packing_totals(self.stream)
         if totals is not None:
             yield from _packing_families(*totals)
 
 
-def packing_totals(source: Any) -> tuple[list[dict], float | None] | None:
+def packing_totals(stream: Any) -> tuple[list[dict], float | None] | None:
     """(per source: name, samples_packed, tokens, skipped {reason: n}; the packing efficiency,
-    None before any row) of what ``source`` packed so far (a pipeline) or was packed into (a
-    packed directory: its stats.json); None when neither is known."""
-    stats = source.stats
+    None before any row) of what the RowStream ``stream`` packed so far (a pipeline) or was
+    packed into (a packed directory: its stats.json); None when neither is known."""
+    stats = stream.stats
     if stats is not None:  # a RunStats: the windows this process packed
         per_source = []
         for index, name in enumerate(stats.names):
             counts = stats.source_total(index)
             per_source.append({"name": name, "samples_packed": counts.samples_packed, "tokens": counts.tokens,
                                "skipped": dict(counts.skipped)})
-        efficiency = stats.total().tokens / (stats.rows * source.seq_len) if stats.rows else None
+        efficiency = stats.total().tokens / (stats.rows * stream.seq_len) if stats.rows else None
         return per_source, efficiency
-    packed = source.packed_stats
+    packed = stream.packed_stats
     if packed:  # a packed directory's stats.json
         return list(packed.get("sources", [])), packed.get("efficiency") if packed.get("rows") else None
     return None
@@ -146,11 +146,11 @@ class MetricsServer:
         self._server.server_close()
 
 
-def start_metrics_server(host: str, port: int, *, hub: Any, service: Any, source: Any) -> MetricsServer:
-    """Serve the metrics of ``hub``/``service``/``source`` on ``host:port``; OSError (naming
+def start_metrics_server(host: str, port: int, *, hub: Any, service: Any, stream: Any) -> MetricsServer:
+    """Serve the metrics of ``hub``/``service``/``stream`` on ``host:port``; OSError (naming
     the port and why) when it cannot listen."""
     try:
-        return MetricsServer(host, port, ServeCollector(hub=hub, service=service, source=source))
+        return MetricsServer(host, port, ServeCollector(hub=hub, service=service, stream=stream))
     except OSError as e:
         raise OSError(f"--metrics-port {port} on {host}: cannot listen ({e.strerror or e})") from None
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from packfeed.service.data.config import DataConfig, check_known_keys, close_match
 from packfeed.service.delivery.hub import PIECE_ROWS
 from packfeed.service.pipeline.placement import check_resources, check_selector
+from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS, PackingScaling
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -138,46 +139,56 @@ class TrainScaling:
 
     On 2 CPUs the defaults fit: 2 train workers of 0.5 CPU and 1 packing actor of 1 CPU (Ray
     deadlocks when requests exceed the CPUs, see docs/design.md). ``use_gpu``: "auto" uses one
-    GPU per train worker when the cluster has GPUs. ``packing_max_workers`` above
-    ``packing_workers`` lets the packing pool autoscale between the two.
+    GPU per train worker when the cluster has GPUs. ``packing``: the packing actors, as pack
+    and serve have them (``PackingScaling``), here with a count: they share the nodes' CPUs
+    with the train workers. The ``[scaling]`` table gives them flat, with pack's and serve's
+    keys (``packing_workers``, ``packing_cpus_per_worker``, ``packing_max_workers``,
+    ``packer_labels``, ``packer_resources``: ``from_table``).
 
-    Placement (see packfeed.service.pipeline.placement): ``packer_labels`` / ``trainer_labels`` /
-    ``driver_labels`` are Ray label selectors for the packing actors, the train workers and the
-    feeder; None (default) means the ``packfeed/role`` defaults when the cluster's nodes carry
-    that label, nothing otherwise. ``packer_resources`` / ``trainer_resources``: custom
-    resources each packing actor / train worker asks for (e.g. {"packer_slot" = 1}).
+    Placement (see packfeed.service.pipeline.placement): ``trainer_labels`` / ``driver_labels``
+    are Ray label selectors for the train workers and the feeder; None (default) means the
+    ``packfeed/role`` defaults when the cluster's nodes carry that label, nothing otherwise.
+    ``trainer_resources``: custom resources each train worker asks for (e.g. {"gpu_slot" = 1}).
     """
 
     num_workers: int = 2
     cpus_per_worker: float = 0.5
     use_gpu: str = "auto"  # TOML's true / false read as yes / no
-    packing_workers: int = 1
-    packing_cpus_per_worker: float = 1.0
-    packing_max_workers: int | None = None
-    packer_labels: Mapping[str, str] | None = None
+    packing: PackingScaling = field(default_factory=lambda: PackingScaling(num_workers=1))
     trainer_labels: Mapping[str, str] | None = None
     driver_labels: Mapping[str, str] | None = None
-    packer_resources: Mapping[str, float] = field(default_factory=dict)
     trainer_resources: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, minimum=1)
-        _check_int("packing_workers", self.packing_workers, minimum=1)
-        if self.packing_max_workers is not None:
-            _check_int("packing_max_workers", self.packing_max_workers, minimum=self.packing_workers)
-        for name in ("cpus_per_worker", "packing_cpus_per_worker"):
-            _check_number(name, getattr(self, name))
-        if not self.cpus_per_worker > 0 or not self.packing_cpus_per_worker > 0:
-            raise ValueError("cpus_per_worker and packing_cpus_per_worker must be > 0 (fractions are fine)")
+        _check_number("cpus_per_worker", self.cpus_per_worker)
+        if not self.cpus_per_worker > 0:
+            raise ValueError("cpus_per_worker must be > 0 (fractions are fine)")
         if not isinstance(self.use_gpu, (str, bool)) or self.use_gpu not in USE_GPU:
             raise ValueError(f"use_gpu must be auto, yes or no (or true / false); got {self.use_gpu!r}")
         object.__setattr__(self, "use_gpu", USE_GPU[self.use_gpu])
-        for name in ("packer_labels", "trainer_labels", "driver_labels"):
+        if not isinstance(self.packing, PackingScaling) or self.packing.num_workers is None:
+            raise ValueError(f"packing must be a PackingScaling with num_workers set (a run's packing actors share the "
+                             f"nodes' CPUs with its train workers: they need a count), got {self.packing!r}")
+        for name in ("trainer_labels", "driver_labels"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, check_selector(name, value))
-        for name in ("packer_resources", "trainer_resources"):
-            object.__setattr__(self, name, check_resources(name, getattr(self, name)))
+        object.__setattr__(self, "trainer_resources", check_resources("trainer_resources", self.trainer_resources))
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> "TrainScaling":
+        """From a ``[scaling]`` table (``packing_workers`` 1 when not given)."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"packing"}
+        check_known_keys("unknown [scaling] keys", table, own | set(PACKING_TABLE_KEYS))
+        packing = PackingScaling.from_table(table, num_workers=1)
+        return cls(packing=packing, **{k: v for k, v in table.items() if k in own})
+
+    def to_table(self) -> dict[str, Any]:
+        """The ``[scaling]`` table that gives this (``from_table(to_table())`` is itself)."""
+        out = dataclasses.asdict(self)
+        del out["packing"]
+        return {**out, **self.packing.to_table()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,8 +214,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = {"data": self.data.to_dict()}
-        for name in ("model", "train", "scaling"):
+        for name in ("model", "train"):
             out[name] = dataclasses.asdict(getattr(self, name))
+        out["scaling"] = self.scaling.to_table()
         out["model"]["overrides"] = dict(self.model.overrides)
         return out
 
@@ -219,7 +231,7 @@ class RunConfig:
             data=DataConfig.from_dict(d.get("data", {})),
             model=_build(ModelConfig, "model", d["model"]),
             train=_build(TrainConfig, "train", d.get("train", {})),
-            scaling=_build(TrainScaling, "scaling", d.get("scaling", {})),
+            scaling=TrainScaling.from_table(d.get("scaling", {})),
         )
 
 

@@ -3,10 +3,11 @@ check, before anything is started, that every actor can be placed (service/pipel
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from packfeed.service.pipeline import placement
-from packfeed.service.pipeline.ray_pipeline import Scaling
+from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.trainer.config import TrainScaling
 
 
@@ -25,36 +26,32 @@ def check_placement(scaling: TrainScaling, *, use_gpu: bool, nodes: list | None 
     """The run's selectors, after checking that train workers and packing actors fit (also
     together, on the nodes they share). ``nodes``: as ``placement.node_resources()`` (tests)."""
     nodes = placement.node_resources() if nodes is None else nodes
+    packing = scaling.packing
     chosen = Placement(
-        packer=placement.resolve(scaling.packer_labels, placement.PACKER_DEFAULT, nodes),
+        packer=packing.placed(nodes).labels,
         trainer=placement.resolve(scaling.trainer_labels, placement.TRAINER_DEFAULT, nodes),
         driver=placement.resolve(scaling.driver_labels, placement.DRIVER_DEFAULT, nodes),
     )
     trainer_request = {"CPU": scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}), **scaling.trainer_resources}
-    packer_request = {"CPU": scaling.packing_cpus_per_worker, **scaling.packer_resources}
+    packer_request = {"CPU": packing.cpus_per_worker, **packing.resources}
     placement.check_fits("train workers", trainer_request, scaling.num_workers, chosen.trainer, nodes)
-    placement.check_fits("packing actors", packer_request, scaling.packing_workers, chosen.packer, nodes)
+    placement.check_fits("packing actors", packer_request, packing.num_workers, chosen.packer, nodes)
     placement.check_fits("the feeder", {}, 1, chosen.driver, nodes)
     shared = [n for n in nodes if placement.label_matches(n["labels"], chosen.trainer)
               and placement.label_matches(n["labels"], chosen.packer)]
     if shared and len(shared) == len([n for n in nodes if placement.label_matches(n["labels"], chosen.trainer)]):
         # Train workers and packers share every node: their CPUs add up (Ray deadlocks otherwise).
-        need = scaling.num_workers * scaling.cpus_per_worker + scaling.packing_workers * scaling.packing_cpus_per_worker
+        need = scaling.num_workers * scaling.cpus_per_worker + packing.num_workers * packing.cpus_per_worker
         have = sum(float(n["resources"].get("CPU", 0)) for n in shared)
         if need > have + 1e-9:
             raise ValueError(
-                f"{scaling.num_workers} train workers x {scaling.cpus_per_worker:g} CPU + {scaling.packing_workers} "
-                f"packing actors x {scaling.packing_cpus_per_worker:g} CPU = {need:g} CPUs, the nodes they share have "
+                f"{scaling.num_workers} train workers x {scaling.cpus_per_worker:g} CPU + {packing.num_workers} "
+                f"packing actors x {packing.cpus_per_worker:g} CPU = {need:g} CPUs, the nodes they share have "
                 f"{have:g}: lower [scaling] cpus_per_worker / packing_cpus_per_worker (fractions are fine) or the counts"
             )
     return chosen
 
 
-def packing_scaling(scaling: TrainScaling, chosen: Placement) -> Scaling:
-    return Scaling(
-        num_workers=scaling.packing_workers,
-        cpus_per_worker=scaling.packing_cpus_per_worker,
-        max_workers=scaling.packing_max_workers,
-        label_selector=chosen.packer,
-        resources=dict(scaling.packer_resources),
-    )
+def packing_scaling(scaling: TrainScaling, chosen: Placement) -> PackingScaling:
+    """The run's packing actors, placed where ``check_placement`` chose."""
+    return dataclasses.replace(scaling.packing, labels=chosen.packer)

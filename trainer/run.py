@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from packfeed.client.state import StreamState
 from packfeed.service import faults
 from packfeed.service.pipeline.stats import run_failure
 from packfeed.trainer.checkpoint import (
@@ -77,26 +78,26 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
 def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | str, overwrite: bool,
            signals: StopSignals) -> dict[str, Any]:
     from packfeed.service.data.plan import build_plan
-    from packfeed.service.data.probe import describe, probe
+    from packfeed.service.data.probe import check_inputs
+    from packfeed.service.delivery.row_stream import find_packed_dir
     from packfeed.service.pipeline.raycluster import init_ray
     from packfeed.service.tokenize.samples import load_tokenizer
-    from packfeed.service.packed.writer import packed_dir_info
     from packfeed.trainer.model import check_model
 
     resume_from, clear_previous = _prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_state(resume_from) if resume_from is not None else None
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
                                backend=run.data.tokenizer_backend)
-    inputs = run.data.inputs
-    packed = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
+    packed = find_packed_dir(run.data.inputs)
     if packed is not None:  # pack once, train many: the rows are served as they are
-        check_packed_dir(inputs[0], packed, run.data.seq_len, tokenizer)
-        source = ("packed", inputs[0], packed)
-        print(f"training on the packed directory {inputs[0]} as it is ({packed['stats']['rows']:,} rows)", flush=True)
+        check_packed_dir(packed.path, packed.info, run.data.seq_len, tokenizer)
+        packed_or_plan = packed
+        print(f"training on the packed directory {packed.path} as it is ({packed.num_rows:,} rows)", flush=True)
     else:
-        source = ("pipeline", build_plan(run.data))
+        packed_or_plan = build_plan(run.data)
     if state is not None:
-        check_resume(state, run, packed=packed, plan=source[1] if source[0] == "pipeline" else None)
+        check_resume(state, run, packed=None if packed is None else packed.info,
+                     plan=packed_or_plan if packed is None else None)
         done = finished(state, run)
         if done is not None:
             logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", output, done[0], resume_from, done[1])
@@ -104,14 +105,12 @@ def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | 
         print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
               flush=True)
     check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
-    if source[0] == "pipeline":  # as pack and serve: what the inputs hold, the chat template on them
-        for line in describe(probe(source[1], tokenizer), source[1]):
-            logger.info(line)
-        tokenizer.check_backend()  # under auto, a fast back-end refused at load is said now
+    if packed is None:  # as pack and serve: what the inputs hold, the chat template on them
+        check_inputs(packed_or_plan, tokenizer)
     signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
     print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
     signals.check()
-    return _fit(run, source, tokenizer, output=output, resume_from=resume_from, state=state,
+    return _fit(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
                 clear_previous=clear_previous, signals=signals)
 
 
@@ -138,14 +137,9 @@ def _saved_summary(output: Path, state: dict) -> dict[str, Any]:
 def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any) -> None:
     """A checkpoint continues this run only on the same stream and the same model; ValueError
     saying what differs (checked before Ray starts, not in the feeder or every worker)."""
-    stream = state.get("stream", {})
     expected = packed["config"]["config_hash"] if packed is not None else run.data.config_hash()
-    if stream.get("config_hash") not in (None, expected):
-        raise ValueError(f"the checkpoint was trained on data config {stream['config_hash']}, this run's is {expected}: "
-                         "resume with the same data config, or start a new run (--overwrite)")
-    if stream.get("seq_len") not in (None, run.data.seq_len):
-        raise ValueError(f"the checkpoint was trained on rows of {stream['seq_len']} tokens, this run's seq_len is "
-                         f"{run.data.seq_len}")
+    StreamState.resume_from(state.get("stream")).check_matches(expected, run.data.seq_len,
+                                                              fix="start a new run (--overwrite)")
     key = (state.get("manifest") or {}).get("key")
     if plan is not None and key and key.startswith(f"{expected}-") and key != f"{expected}-{plan.fingerprint()}":
         raise ValueError("the input files changed since the checkpoint (same data config, other files, sizes or "
@@ -172,7 +166,7 @@ def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> Non
                          f"{tokenizer.pad_id}): use the same tokenizer")
 
 
-def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_from: Path | None,
+def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, resume_from: Path | None,
          state: dict | None, signals: StopSignals, clear_previous=None) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
@@ -196,7 +190,7 @@ def _fit(run: RunConfig, source: tuple, tokenizer: Any, *, output: Path, resume_
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
-        run.data, source, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
+        run.data, packed_or_plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
         faults_env=faults.environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
         pad_id=tokenizer.pad_id,
@@ -347,24 +341,18 @@ def _publish_final(output: Path, tokenizer: Any) -> int:
 
 
 class StreamFeeder(RowFeeder):
-    """The run's RowFeeder, built inside its actor over the run's stream: the packing pipeline
-    of the data config (``("pipeline", plan)``) or a packed directory (``("packed", path, info)``)."""
+    """The run's RowFeeder, built inside its actor over the run's stream (``open_stream``): the
+    packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir."""
 
-    def __init__(self, config: Any, source: tuple, scaling: Any, *, output: str, state: dict | None,
+    def __init__(self, config: Any, packed_or_plan: Any, scaling: Any, *, output: str, state: dict | None,
                  saved_manifest: dict | None, pad_id: int, faults_env: dict | None = None, **layout: Any) -> None:
         from packfeed.service.pipeline.raycluster import quiet_ray
-        from packfeed.service.delivery.streams import packed_dir_source, pipeline_source
-        from packfeed.service.tokenize.samples import load_tokenizer
+        from packfeed.service.delivery.row_stream import open_stream
         from packfeed.trainer.feeder import load_manifest
 
         quiet_ray()
         faults.adopt(faults_env)
-        if source[0] == "pipeline":
-            tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
-                                       backend=config.tokenizer_backend)
-            stream = pipeline_source(config, source[1], tokenizer, scaling)
-        else:
-            stream = packed_dir_source(source[1], source[2])
+        stream = open_stream(packed_or_plan, config, scaling=scaling)
         manifest = load_manifest(stream.manifest_key, Path(output) / MANIFEST_FILE, saved_manifest)
         stream.seed_manifest(manifest)
         super().__init__(

@@ -1,4 +1,4 @@
-"""What the subcommands that read data share: data flags, the config file, packing placement,
+"""What the subcommands that read data share: data flags, the config file, the packing actors,
 output paths, logging.
 
 A config file (``--config``, TOML or JSON) gives the base; flags override it. Its tables:
@@ -31,10 +31,9 @@ from packfeed.service.data.config import (
 )
 
 CONFIG_TABLES = ("data", "scaling", "model", "train", "output")
-# [scaling] keys of the packing actors (pack, serve and train); the rest are train's.
-PACKING_KEYS = ("packing_workers", "packing_cpus_per_worker", "packing_max_workers", "packer_labels",
-                "packer_resources", "driver_labels")
-TRAIN_SCALING_KEYS = ("num_workers", "cpus_per_worker", "use_gpu", "trainer_labels", "trainer_resources")
+# [scaling] keys of train's workers and feeder; the packing actors' are scaling.TABLE_KEYS (pack, serve, train)
+TRAIN_SCALING_KEYS = ("num_workers", "cpus_per_worker", "use_gpu", "trainer_labels", "trainer_resources",
+                      "driver_labels")
 SUBMIT_DIR_ENV = "PACKFEED_SUBMIT_DIR"  # set by deploy/local/submit.sh: where `ray job submit` ran
 
 
@@ -175,39 +174,24 @@ def glob_like(path: str) -> bool:
     return any(c in path for c in "*?[")
 
 
-def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The packing actors' settings from [scaling] and the flags (selectors None = auto)."""
+def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None):
+    """The packing actors' PackingScaling from [scaling] and the flags, checked here, before Ray
+    starts (labels None: the role default, resolved once Ray is up)."""
+    from packfeed.service.pipeline.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
+
     table = dict((base or {}).get("scaling", {}))
-    unknown = sorted(set(table) - set(PACKING_KEYS) - set(TRAIN_SCALING_KEYS))
+    unknown = sorted(set(table) - set(TABLE_KEYS) - set(TRAIN_SCALING_KEYS))
     if unknown:
-        raise ValueError(f"unknown [scaling] keys {unknown}; known: {sorted(PACKING_KEYS + TRAIN_SCALING_KEYS)}")
-    from packfeed.service.pipeline import placement
-
-    def pick(key: str, flag: str, value: Any, default: Any = None) -> tuple[str, Any]:
-        return (flag, value) if value is not None else (f"[scaling] {key}", table.get(key, default))
-
-    workers = pick("packing_workers", "--num-workers", args.num_workers)
-    cpus = pick("packing_cpus_per_worker", "--cpus-per-worker", args.cpus_per_worker, 1.0)
-    max_workers = pick("packing_max_workers", "--max-workers", args.max_workers)
-    labels = table.get("packer_labels")
-    if args.packer_label:
-        labels = parse_pairs(args.packer_label, "--packer-label", str)
-    resources = table.get("packer_resources", {})
-    if args.packer_resource:
-        resources = parse_pairs(args.packer_resource, "--packer-resource", float)
-    return {  # checked here, before Ray starts; driver_labels place train's feeder only
-        "num_workers": _count(*workers),
-        "cpus_per_worker": positive_number(*cpus),
-        "max_workers": _count(*max_workers),
-        "packer_labels": None if labels is None else placement.check_selector("packer labels", labels),
-        "packer_resources": placement.check_resources("packer resources", resources),
+        raise ValueError(f"unknown [scaling] keys {unknown}; known: {sorted((*TABLE_KEYS, *TRAIN_SCALING_KEYS))}")
+    flags = {
+        "num_workers": ("--num-workers", args.num_workers),
+        "cpus_per_worker": ("--cpus-per-worker", args.cpus_per_worker),
+        "max_workers": ("--max-workers", args.max_workers),
+        "labels": (LABELS_NAME, args.packer_label and parse_pairs(args.packer_label, "--packer-label", str)),
+        "resources": (RESOURCES_NAME,
+                      args.packer_resource and parse_pairs(args.packer_resource, "--packer-resource", float)),
     }
-
-
-def _count(name: str, value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-    return value
+    return PackingScaling.from_table(table, {f: given for f, given in flags.items() if given[1] is not None})
 
 
 def positive_number(name: str, value: Any) -> float:
@@ -227,23 +211,6 @@ def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
         except ValueError:
             raise ValueError(f"{flag} {item!r}: {value!r} is not a number") from None
     return out
-
-
-def place_packing(packing: dict[str, Any], *, num_windows: int):
-    """After Ray started: the packing Scaling with its selector resolved against the nodes,
-    checked to fit (a request no node can satisfy fails here, with the numbers)."""
-    from packfeed.service.pipeline import placement
-    from packfeed.service.pipeline.ray_pipeline import Scaling, resolve_workers
-
-    nodes = placement.node_resources()
-    packer = placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, nodes)
-    scaling = Scaling(
-        num_workers=packing["num_workers"], cpus_per_worker=packing["cpus_per_worker"],
-        max_workers=packing["max_workers"], label_selector=packer, resources=packing["packer_resources"],
-    )
-    count = resolve_workers(scaling, num_windows)
-    placement.check_fits("packing actors", {"CPU": scaling.cpus_per_worker, **scaling.resources}, count, packer, nodes)
-    return scaling
 
 
 def resolve_output(path: Path, flag: str = "--output") -> Path:

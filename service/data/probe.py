@@ -10,17 +10,23 @@ after the whole corpus. ``probe(plan, tokenizer)`` also renders the conversation
 rows with the tokenizer's chat template, as the packing actors would: a tokenizer without one,
 or one whose assistant turns cannot be located, is one line naming the source and the row
 before Ray starts, not an actor's traceback. Cost: a few rows per file.
+
+``check_inputs(plan, tokenizer)`` is what pack, serve and train run before Ray: the probe, its
+description logged, and the tokenizer's back-end choice said.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from packfeed.service.data.plan import StreamPlan, file_pieces
 from packfeed.service.inputs.records import record_format
-from packfeed.service.inputs.sources import WindowSpec, read_window
+from packfeed.service.inputs.read import WindowSpec, read_window
+
+logger = logging.getLogger("packfeed")
 
 
 @dataclass
@@ -36,6 +42,16 @@ class FileProbe:
         seen = ", ".join(f"{k} {v}" for k, v in self.formats.most_common()) or "no valid sample"
         bad = f"; bad: {', '.join(f'{k} {v}' for k, v in self.skipped.most_common())}" if self.skipped else ""
         return f"{self.path}: {self.rows:,} rows; first {self.probed}: {seen}{bad}"
+
+
+def check_inputs(plan: StreamPlan, tokenizer: Any) -> None:
+    """Before Ray starts: probe the first rows of every input with ``tokenizer`` (the driver's
+    ``SampleTokenizer``: the chat template is checked on the conversations among them), log
+    what each source holds, and say now a fast back-end that ``auto`` refused at load. Raises
+    the probe's ValueError for a source that would pack nothing."""
+    for line in describe(probe(plan, tokenizer), plan):
+        logger.info(line)
+    tokenizer.check_backend()
 
 
 def probe(plan: StreamPlan, tokenizer: Any = None, *, rows_per_file: int = 20,

@@ -4,9 +4,10 @@
 
 * ``packfeed.v1.PackFeed`` (protos/packfeed/v1/packfeed.proto): ``Describe`` and the
   server-streaming ``StreamBatches``. Each call is one consumer of the hub: step after step it
-  asks the hub for its rows (service/delivery/assign.py says which), fills the tail with flagged
-  padding rows and sends one serialized PackedBatch per step. Requests arrive as raw bytes and
-  are parsed here, so a malformed one is an INVALID_ARGUMENT answer, not a server error.
+  takes its batch (``steps.rank_batch``, as the train feeder does: assign.py says which rows,
+  the tail filled with flagged padding rows) and sends it as one serialized PackedBatch.
+  Requests arrive as raw bytes and are parsed here, so a malformed one is an INVALID_ARGUMENT
+  answer, not a server error.
 * the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
   server reflection (``grpcurl`` can list and call the service).
 
@@ -53,10 +54,11 @@ from packfeed.client.rows import IGNORE_INDEX
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
-from packfeed.service.delivery.assign import CursorOutOfRange, check_request, fill_batch, num_steps, step_rows
-from packfeed.service.errors import root_cause
+from packfeed.service.delivery.assign import CursorOutOfRange, check_request
 from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
-from packfeed.service.delivery.streams import StreamSource
+from packfeed.service.delivery.row_stream import RowStream
+from packfeed.service.delivery.steps import rank_batch
+from packfeed.service.errors import root_cause
 
 logger = logging.getLogger("packfeed")
 AUTH_LOG_INTERVAL_S = 10.0  # at most one line about refused calls this often
@@ -65,7 +67,7 @@ AUTH_LOG_INTERVAL_S = 10.0  # at most one line about refused calls this often
 class PackFeedService:
     """Handlers of packfeed.v1.PackFeed (plain methods over raw request bytes)."""
 
-    def __init__(self, hub: RowHub, meta: StreamSource, *, max_batch_rows: int, max_consumers: int = 64) -> None:
+    def __init__(self, hub: RowHub, meta: RowStream, *, max_batch_rows: int, max_consumers: int = 64) -> None:
         self.hub, self.meta, self.max_batch_rows, self.max_consumers = hub, meta, max_batch_rows, max_consumers
         self._lock = threading.Lock()
         self.streams = 0  # StreamBatches calls open now
@@ -150,34 +152,32 @@ class PackFeedService:
                  context: grpc.ServicerContext) -> Iterator[tuple[bytes, int, int]]:
         """(message, its real rows, their real tokens) step after step; _EndCall when the call
         must end with a status other than OK."""
-        rank, world, b, cursor = req.rank, req.world_size, req.batch_rows, req.cursor
-        seq_len, pad_id = self.meta.seq_len, self.meta.pad_id
         with self.hub.consumer(alive=context.is_active) as consumer:
             step = 0
             while True:
-                wanted = step_rows(rank, world, b, cursor, step)
                 try:
-                    real, total = consumer.rows(wanted.rows, through=wanted.cursor - 1)  # the cursor must exist
+                    batch = rank_batch(consumer, rank=req.rank, world_size=req.world_size, batch_rows=req.batch_rows,
+                                       cursor=req.cursor, step=step, seq_len=self.meta.seq_len, pad_id=self.meta.pad_id)
                 except ConsumerGone:
                     return
                 except HubClosed:
                     raise _EndCall(grpc.StatusCode.UNAVAILABLE,
                                    "packfeed server shutting down: reconnect and resume from your cursor",
                                    "ended by the drain (UNAVAILABLE: the client resumes from its cursor)") from None
+                except CursorOutOfRange as exc:  # the stream turned out to end before the cursor
+                    total = self.hub.total_rows
+                    raise _EndCall(grpc.StatusCode.OUT_OF_RANGE, str(exc),
+                                   f"OUT_OF_RANGE (cursor past the end, {total:,} rows)") from None
                 except Exception as exc:  # the pipeline failed (e.g. a bad sample under --strict)
                     cause = root_cause(exc)  # what the data raised, not Ray's wrapper
                     failure = f"packfeed pipeline failed: {type(cause).__name__}: {cause}"
                     raise _EndCall(grpc.StatusCode.INTERNAL, failure, f"INTERNAL ({failure})") from None
-                if total is not None:
-                    if cursor > total:
-                        raise _EndCall(grpc.StatusCode.OUT_OF_RANGE, _past_end(cursor, total),
-                                       f"OUT_OF_RANGE (cursor past the end, {total:,} rows)")
-                    if step >= num_steps(world, b, cursor, total):
-                        return
-                    wanted = step_rows(rank, world, b, cursor, step, total)
-                rows, padding = fill_batch(real, wanted, seq_len, pad_id)
-                message = encode_batch(rows, cursor=wanted.cursor, padding_rows=padding, step=step).SerializeToString()
-                yield message, len(wanted.rows), 0 if real is None else real.num_real_tokens
+                if batch is None:
+                    return
+                wanted = batch.assignment
+                message = encode_batch(batch.rows, cursor=wanted.cursor, padding_rows=batch.padding,
+                                       step=step).SerializeToString()
+                yield message, len(wanted.rows), batch.num_real_tokens
                 for row in faults.armed("serve-row"):
                     if row in wanted.rows:
                         faults.point("serve-row", row)
@@ -188,8 +188,8 @@ class PackFeedService:
         m = self.meta
         try:
             check_request(req.rank, req.world_size, req.batch_rows, req.cursor, self.hub.total_rows)
-        except CursorOutOfRange:
-            context.abort(grpc.StatusCode.OUT_OF_RANGE, _past_end(req.cursor, self.hub.total_rows))
+        except CursorOutOfRange as exc:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if req.batch_rows > self.max_batch_rows:
@@ -223,13 +223,6 @@ class _EndCall(Exception):
     def __init__(self, code: grpc.StatusCode, details: str, why: str) -> None:
         super().__init__(details)
         self.code, self.details, self.why = code, details, why
-
-
-def _past_end(cursor: int, total: int | None) -> str:
-    return (
-        f"cursor {cursor} is past the end of the stream ({total} rows): "
-        "was it saved from a run over another data config?"
-    )
 
 
 def _parse(message_type, data: bytes, context: grpc.ServicerContext):

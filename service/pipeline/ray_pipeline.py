@@ -18,15 +18,16 @@ row; a window whose samples were all skipped sends one stats-only row (no tokens
 since Ray Data drops empty blocks. So the driver's totals are complete when the stream ends,
 and no actor holds them (a lost actor cannot lose them, a restarted reader leaks nothing).
 
-``PackingPipeline`` is the one entry point reused by ``packfeed pack``, the trainer's feeder
-and the gRPC server.
+``PackingPipeline`` is what reads it: ``packfeed pack`` (pipeline/pack.py) writes its rows
+to a directory, and the row stream of serve and train (delivery/row_stream.py) restarts one
+from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -39,7 +40,9 @@ from packfeed.service import faults
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
+from packfeed.service.pipeline.placement import node_resources
 from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
+from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.service.pipeline.stats import RunStats, WindowStats
 from packfeed.service.tokenize.backend import log_choices
 
@@ -93,30 +96,6 @@ def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
     return table.append_column("window", pa.array(np.full(n, window, np.int64))).append_column("stats", stats_column)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Scaling:
-    """Packing actors: how many, how many CPUs each (fractional is fine), and where.
-
-    ``label_selector``: node labels every packing actor's node must carry (Ray's label
-    selectors, e.g. {"packfeed/role": "packer"}); ``resources``: custom resources each asks
-    for. ``max_workers`` > ``num_workers`` makes the pool autoscale between the two.
-    """
-
-    num_workers: int | None = None  # None: one per CPU of the matching nodes
-    cpus_per_worker: float = 1.0
-    max_workers: int | None = None
-    label_selector: dict[str, str] = field(default_factory=dict)
-    resources: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.num_workers is not None and (isinstance(self.num_workers, bool) or self.num_workers < 1):
-            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if not isinstance(self.cpus_per_worker, (int, float)) or not self.cpus_per_worker > 0:
-            raise ValueError(f"cpus_per_worker must be > 0, got {self.cpus_per_worker!r}")
-        if self.max_workers is not None and self.max_workers < (self.num_workers or 1):
-            raise ValueError(f"max_workers ({self.max_workers}) must be >= num_workers ({self.num_workers})")
-
-
 @dataclass
 class WindowOutput:
     """One window's rows as they arrive (``rows`` may be empty: all samples skipped).
@@ -138,7 +117,7 @@ class PackingPipeline:
     of the first row of ``start_window``).
     """
 
-    def __init__(self, config: DataConfig, plan: StreamPlan, *, scaling: Scaling = Scaling(),
+    def __init__(self, config: DataConfig, plan: StreamPlan, *, scaling: PackingScaling = PackingScaling(),
                  start_window: int = 0, stats: RunStats | None = None) -> None:
         if not 0 <= start_window <= plan.num_windows:
             raise ValueError(f"start_window must be in [0, {plan.num_windows}], got {start_window}")
@@ -153,7 +132,9 @@ class PackingPipeline:
         ctx.print_on_execution_start = False
         # A bad sample under --strict must reach the user as itself (file, row, reason).
         ctx.raise_original_map_exception = True
-        self.num_workers = resolve_workers(scaling, len(self.windows))
+        if scaling.labels is None:  # not placed yet (place_packing): the role default, as it would
+            scaling = scaling.placed(node_resources())
+        self.num_workers = scaling.num_actors(len(self.windows))
         max_workers = min(scaling.max_workers or 0, len(self.windows))  # never more actors than windows left
         compute = (
             ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=max_workers)
@@ -161,8 +142,8 @@ class PackingPipeline:
             else ray.data.ActorPoolStrategy(size=self.num_workers)
         )
         remote_args = {"resources": dict(scaling.resources)} if scaling.resources else {}
-        if scaling.label_selector:
-            remote_args["label_selector"] = dict(scaling.label_selector)
+        if scaling.labels:
+            remote_args["label_selector"] = dict(scaling.labels)
         self.dataset = ray.data.from_items(
             [{"window": k} for k in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
@@ -218,17 +199,3 @@ def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
 
 def new_run_stats(plan: StreamPlan) -> RunStats:
     return RunStats([s.name for s in plan.sources], plan.counts)
-
-
-def resolve_workers(scaling: Scaling, num_windows: int) -> int:
-    """Packing actors to start: the request, or one per CPU of the nodes packing may use;
-    never more than the windows to pack."""
-    if scaling.num_workers is not None:
-        wanted = scaling.num_workers
-    else:
-        from packfeed.service.pipeline.placement import label_matches, node_resources
-
-        cpus = sum(float(n["resources"].get("CPU", 0)) for n in node_resources()
-                   if label_matches(n["labels"], scaling.label_selector))
-        wanted = max(1, int(cpus // scaling.cpus_per_worker))
-    return max(1, min(wanted, num_windows))

@@ -51,6 +51,12 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+def ray_initialised() -> bool:
+    """Whether this process has an initialised Ray (never imports Ray to find out)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
 def shutdown_ray(timeout: float = 60.0) -> None:
     """Shut this process's Ray down in order: Ray Data's executor threads finish first (they
     were told to stop when their iterator closed, and Ray Data waits for them only 2 s), its
@@ -62,9 +68,9 @@ def shutdown_ray(timeout: float = 60.0) -> None:
     drain. No-op without Ray."""
     import gc
 
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
+    if not ray_initialised():
         return
+    ray = sys.modules["ray"]
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
         if thread.name.startswith("StreamingExecutor") and thread is not threading.current_thread():

@@ -35,12 +35,13 @@ def small_corpus(tmp_path):
 
 
 def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_corpus):
-    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, Scaling
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline
+    from packfeed.service.pipeline.scaling import PackingScaling
     from packfeed.service.data.plan import build_plan
 
     config = DataConfig.from_inputs((small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)
     plan = build_plan(config)
-    stream = PackingPipeline(config, plan, scaling=Scaling(num_workers=1, cpus_per_worker=0.5))
+    stream = PackingPipeline(config, plan, scaling=PackingScaling(num_workers=1, cpus_per_worker=0.5))
     dataset = packed_hf_dataset(stream.dataset)
 
     tokenizers = {"auto": SampleTokenizer(config.tokenizer)}

@@ -26,6 +26,7 @@ from train_support import corpus_head
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
+from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.metrics import read_jsonl
@@ -49,7 +50,7 @@ def run_config(small_corpus) -> RunConfig:
         model=ModelConfig(name="tiny-llama", attn="sdpa"),
         train=TrainConfig(max_steps=STEPS, micro_batch_rows=2, grad_accum=2, log_every=2, checkpoint_every=INTERRUPT,
                           lr=3e-3, warmup_steps=2, record_rows=True, max_failures=1),
-        scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing_workers=1, packing_cpus_per_worker=0.5),
+        scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing=PackingScaling(num_workers=1, cpus_per_worker=0.5)),
     )
 
 
@@ -175,7 +176,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
         model=ModelConfig(name="tiny-llama", attn="sdpa"),
         train=TrainConfig(max_steps=steps, micro_batch_rows=4, grad_accum=2, log_every=7, checkpoint_every=0,
                           lr=3e-3, warmup_steps=2, record_rows=True, max_failures=1, feeder_buffer_rows=128),
-        scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing_workers=1, packing_cpus_per_worker=0.5),
+        scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing=PackingScaling(num_workers=1, cpus_per_worker=0.5)),
     )
     monkeypatch.setenv(FAULTS_ENV, f"train-step:{crash}@0")
     monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))

@@ -281,11 +281,14 @@ def test_a_tokenizer_without_a_chat_template_on_chat_rows_fails_before_ray(capsy
 
 def test_serve_checks_the_chat_template_before_ray(chat, no_template_tokenizer):
     from packfeed.service.cli import build_parser
-    from packfeed.service.commands.serve import _pipeline_source
+    from packfeed.service.commands.args import data_config_from_args
+    from packfeed.service.delivery.serve import open_pipeline_stream
+    from packfeed.service.pipeline.scaling import PackingScaling
 
     args = build_parser().parse_args(["serve", chat, "--tokenizer", no_template_tokenizer, "--seq-len", "64"])
     with pytest.raises(ValueError, match=r"source 'chat': .*chat.jsonl: row 0, sample 0: tokenizer .* no chat "):
-        _pipeline_source(args)  # the checks before Ray, then Ray (the unit conftest refuses it)
+        # the checks before Ray, then Ray (the unit conftest refuses it)
+        open_pipeline_stream(data_config_from_args(args), PackingScaling(), None)
 
 
 def test_a_chat_template_that_cannot_find_assistant_turns_fails_before_ray(capsys, tmp_path, chat):

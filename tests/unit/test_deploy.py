@@ -157,20 +157,18 @@ def check_with_packfeed(args: argparse.Namespace, base: dict, cluster: dict) -> 
         use_gpu = scaling.use_gpu == "yes" or (scaling.use_gpu == "auto" and has_gpus)
         chosen = check_placement(scaling, use_gpu=use_gpu, nodes=start)
         selectors = {"packer": chosen.packer, "trainer": chosen.trainer, "driver": chosen.driver}
-        request = {"CPU": scaling.packing_cpus_per_worker, **scaling.packer_resources}
-        max_workers = scaling.packing_max_workers
+        packing = scaling.packing
     else:
         data_config_from_args(args, base)
         packing = packing_from_args(args, base)
         if args.command == "serve":
             serve.check_args(args, token="read from the token Secret")
-        selectors = {"packer": placement.resolve(packing["packer_labels"], placement.PACKER_DEFAULT, start)}
-        request = {"CPU": packing["cpus_per_worker"], **packing["packer_resources"]}
-        # None: one actor per CPU of the packer nodes, which fits by construction
-        placement.check_fits("packing actors", request, packing["num_workers"] or 1, selectors["packer"], start)
-        max_workers = packing["max_workers"]
-    if max_workers:
-        placement.check_fits("packing actors at packing_max_workers", request, max_workers, selectors["packer"],
+        selectors = {"packer": packing.placed(start).labels}
+    request = {"CPU": packing.cpus_per_worker, **packing.resources}
+    if args.command != "train":  # None: one actor per CPU of the packer nodes, which fits by construction
+        placement.check_fits("packing actors", request, packing.num_workers or 1, selectors["packer"], start)
+    if packing.max_workers:
+        placement.check_fits("packing actors at packing_max_workers", request, packing.max_workers, selectors["packer"],
                              largest)
     return selectors
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from packfeed.service.pipeline.placement import check_fits, label_matches, resolve
+from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.trainer.config import TrainScaling
 from packfeed.trainer.placement import check_placement
 
@@ -55,7 +56,7 @@ def test_requests_that_can_never_be_placed_are_refused_with_the_numbers():
 
 
 def test_a_training_run_is_placed_by_roles_and_checked_as_a_whole():
-    chosen = check_placement(TrainScaling(num_workers=2, cpus_per_worker=1, use_gpu="yes", packing_workers=3),
+    chosen = check_placement(TrainScaling(num_workers=2, cpus_per_worker=1, use_gpu="yes", packing=PackingScaling(num_workers=3)),
                              use_gpu=True, nodes=[HEAD, PACKER, TRAINER])
     assert chosen.packer == {"packfeed/role": "packer"} and chosen.trainer == {"packfeed/role": "trainer"}
     assert chosen.driver_options() == {"label_selector": {"packfeed/role": "!trainer"}}

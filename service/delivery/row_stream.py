@@ -1,15 +1,16 @@
 """One packed stream as the hub sees it: how to read it, how to re-pack one window, what it is.
 
-Two kinds, one interface (``StreamSource``), so ``packfeed serve`` and ``packfeed train`` serve
-either the same way:
+``open_stream`` makes the ``RowStream`` of either kind, so ``packfeed serve`` and ``packfeed
+train`` serve both the same way:
 
-* ``pipeline_source``: the PackingPipeline of a data config (packing actors on Ray). The main
+* a ``StreamPlan``: the PackingPipeline of a data config (packing actors on Ray). The main
   reader is a pipeline from a window on; the catch-up path (far consumers, see hub.py) packs
   single windows on request in this process, with the tokenizer the driver loaded anyway (one
   tokenizer thread; no actor to start: a peek costs one window's packing and nothing else).
-* ``packed_dir_source``: a finished ``packfeed pack`` directory, served as it is (pack once,
-  train many). Its windows are the Parquet row groups; their first rows are known from the
-  metadata, so any cursor is reached at once and no Ray is needed.
+* a ``PackedDir``: a finished ``packfeed pack`` directory, served as it is (pack once, train
+  many). Its windows are the Parquet row groups; their first rows are known from the
+  metadata, so any cursor is reached at once and no Ray is needed. ``find_packed_dir(inputs)``
+  says whether the inputs of a command are one.
 
 Describe's epochs and rows per epoch come from here too (``epoch_rows``).
 """
@@ -19,19 +20,25 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from packfeed.client.rows import PackedRows
-from packfeed.service.delivery.hub import Manifest, OpenReader, PackWindow
+from packfeed.service.delivery.hub import OpenReader, PackWindow
+from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.service.pipeline.stats import RunStats
+
+if TYPE_CHECKING:
+    from packfeed.service.data.config import DataConfig
+    from packfeed.service.data.plan import StreamPlan
 
 logger = logging.getLogger("packfeed")
 
 
 @dataclass
-class StreamSource:
+class RowStream:
     """Everything a RowHub and Describe need about one stream."""
 
     config_hash: str
@@ -41,7 +48,7 @@ class StreamSource:
     pad_id: int
     epochs: int
     windows_per_epoch: int
-    sources: list[dict[str, Any]]  # name, rows, samples_per_epoch, planned_share
+    sources: list[dict[str, Any]]  # the mixture's: name, rows, samples_per_epoch, planned_share
     samples_per_epoch: int
     manifest_key: str
     open_reader: OpenReader
@@ -54,7 +61,7 @@ class StreamSource:
     close: Callable[[], None] = lambda: None
 
     def seed_manifest(self, manifest: Manifest) -> None:
-        """Give the manifest what the source already knows (a packed directory: everything)."""
+        """Give the manifest what the stream already knows (a packed directory: everything)."""
         for window, row in self.known_first_rows.items():
             manifest.record(window, row)
         if self.known_total is not None:
@@ -76,14 +83,57 @@ class StreamSource:
         return out
 
 
-def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> StreamSource:
+@dataclass(frozen=True)
+class PackedDir:
+    """A finished ``packfeed pack`` directory: ``info`` is its ``writer.packed_dir_info``
+    (``{"config": ..., "stats": ...}``)."""
+
+    path: str
+    info: dict[str, Any]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.info["config"]["data"]["seq_len"])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.info["stats"]["rows"])
+
+
+def find_packed_dir(inputs: Sequence[str]) -> PackedDir | None:
+    """The packed directory when ``inputs`` is one (then served as it is), None when they are
+    data to pack; ValueError for a packfeed output that is unfinished or failed."""
+    from packfeed.service.packed.writer import packed_dir_info
+
+    info = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
+    return None if info is None else PackedDir(str(inputs[0]), info)
+
+
+def open_stream(packed_or_plan: PackedDir | StreamPlan, config: DataConfig | None = None, *, tokenizer: Any = None,
+                scaling: PackingScaling | None = None) -> RowStream:
+    """The RowStream of ``packed_or_plan``: a ``PackedDir`` as it is (no Ray), or a
+    ``StreamPlan`` of the DataConfig ``config`` through its PackingPipeline (Ray initialised)
+    with the packing actors ``scaling`` (placed by ``place_packing``; None: one per CPU);
+    ``tokenizer``: the driver's SampleTokenizer, loaded from ``config`` when None (in a process
+    of its own, such as train's feeder actor)."""
+    if isinstance(packed_or_plan, PackedDir):
+        return packed_dir_stream(packed_or_plan.path, packed_or_plan.info)
+    if tokenizer is None:
+        from packfeed.service.tokenize.samples import load_tokenizer
+
+        tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                                   backend=config.tokenizer_backend)
+    return pipeline_stream(config, packed_or_plan, tokenizer, scaling or PackingScaling())
+
+
+def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scaling: PackingScaling) -> RowStream:
     """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
     SampleTokenizer (pad id, vocabulary, and the catch-up path's packing); ``scaling``: the
-    packing actors' Scaling."""
+    packing actors' PackingScaling."""
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline, new_run_stats
-    from packfeed.service.tokenize.samples import SampleTokenizer
-    from packfeed.service.tokenize.backend import log_choices
     from packfeed.service.pipeline.window import process_window
+    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.tokenize.samples import SampleTokenizer
 
     stats = new_run_stats(plan)
     tokenizers = {
@@ -108,7 +158,7 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
         log_choices(stats.tokenizer_checks, said)
         return rows
 
-    return StreamSource(
+    return RowStream(
         config_hash=config.config_hash(), seq_len=config.seq_len, tokenizer_name=tokenizer.name,
         vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, epochs=plan.epochs,
         windows_per_epoch=plan.windows_per_epoch, sources=plan.summary(), samples_per_epoch=plan.samples_per_epoch,
@@ -117,7 +167,7 @@ def pipeline_source(config: Any, plan: Any, tokenizer: Any, scaling: Any) -> Str
     )  # fmt: skip
 
 
-def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
+def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
     """The rows of a finished ``packfeed pack`` directory (``info``: writer.packed_dir_info)."""
     import pyarrow.parquet as pq
 
@@ -153,7 +203,7 @@ def packed_dir_source(path: str | Path, info: dict[str, Any]) -> StreamSource:
     plan = config.get("plan", {})
     epochs = int(plan.get("epochs", 1))
     known = {k: s for k, (_, _, s) in enumerate(groups)}  # every row group's first row
-    return StreamSource(
+    return RowStream(
         config_hash=config["config_hash"], seq_len=int(config["data"]["seq_len"]),
         tokenizer_name=tok.get("name", config["data"]["tokenizer"]), vocab_size=int(tok.get("vocab_size", 0)),
         pad_id=int(tok.get("pad_id", 0)), epochs=epochs, windows_per_epoch=max(len(groups), 1),
