@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packfeed.client.offsets import offsets_of
 from packfeed.service.packing import assemble_rows, pack
 from packfeed.service.packing.bounds import lower_bound
 from packfeed.service.packing.check import reference_bfd_fills
@@ -254,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     for label, scale in (("SFT, mean ~400 tokens", 0.6), ("SFT, mean ~660 tokens", 1.0)):
         lengths = np.maximum(1, (scale * synthetic_lengths("sft", 30_000, seed=2)).astype(np.int64))
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        offsets = offsets_of(lengths)
         tokens = np.random.default_rng(0).integers(1, 50_000, size=int(offsets[-1]), dtype=np.int32)
         p = pack(lengths, 4096)
         ids = np.arange(len(lengths), dtype=np.int64)

@@ -102,11 +102,12 @@ def make_samples(args: argparse.Namespace) -> list[list[np.ndarray]]:
 
 def packed_inputs(samples: list[np.ndarray], seq_len: int) -> dict:
     from packfeed.client.model_inputs import to_model_inputs
+    from packfeed.client.offsets import offsets_of
     from packfeed.service.packing import assemble_rows, pack
 
     lengths = np.array([len(x) for x in samples])
     tokens = np.concatenate(samples)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    offsets = offsets_of(lengths)
     rows = assemble_rows(pack(lengths, seq_len), tokens, tokens.copy(), offsets, np.arange(len(samples)),
                          seq_len=seq_len, pad_id=PAD_ID)
     return to_model_inputs(rows)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
-from packfeed.client.rows import PackedRows, concat_rows, select_rows
+from packfeed.client.rows import PackedRows, concat_rows, renumber_rows, select_rows
 from packfeed.service import faults
 from packfeed.service.delivery.manifest import Manifest
 
@@ -388,7 +388,7 @@ class RowHub:
                         self.manifest.record_end(first)
                         break
                     self.catchup_windows += 1
-                    piece = _Piece(first, _with_index(rows, first))
+                    piece = _Piece(first, renumber_rows(rows, first))
                     self._cache(window, piece)
                 else:
                     self._catchup.move_to_end(window)
@@ -408,12 +408,6 @@ class RowHub:
         while self._catchup_rows > self.capacity and len(self._catchup) > 1:
             _, old = self._catchup.popitem(last=False)
             self._catchup_rows -= old.rows.num_rows
-
-
-def _with_index(rows: PackedRows, first: int) -> PackedRows:
-    from dataclasses import replace
-
-    return replace(rows, row_index=np.arange(first, first + rows.num_rows, dtype=np.int64))
 
 
 def _gather(pieces: list[_Piece], want: range) -> PackedRows | None:

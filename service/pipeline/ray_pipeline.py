@@ -25,7 +25,6 @@ from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Iterator
@@ -35,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 
-from packfeed.client.rows import PackedRows
+from packfeed.client.rows import PackedRows, renumber_rows
 from packfeed.service import faults
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.data.config import DataConfig
@@ -191,7 +190,7 @@ def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
         cell = next((c for c in stats_cells[lo:hi] if c is not None), None)
         real = part.filter(pc.not_equal(part.column("row_index"), -1))
         rows = rows_from_arrow(real)
-        rows = dataclasses.replace(rows, row_index=np.arange(first_row, first_row + rows.num_rows))
+        rows = renumber_rows(rows, first_row)
         first_row += rows.num_rows
         outputs.append(WindowOutput(int(windows[lo]), rows, WindowStats.from_json(cell) if cell is not None else None))
     return outputs
