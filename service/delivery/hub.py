@@ -210,7 +210,11 @@ class RowHub:
         """
         with self._cond:
             state = self._consumers[cid]
-            state.need = indices.start if len(indices) else state.need
+            if len(indices):
+                moved_on = indices.start > state.need
+                state.need = indices.start
+                if moved_on:  # rows below may be evicted now: a reader waiting for room goes on
+                    self._cond.notify_all()
             state.last_active = self._clock()
             while True:
                 if self._closed:

@@ -238,6 +238,23 @@ def test_small_buffer_does_not_deadlock():
         hub.close()
 
 
+def test_a_reader_waiting_for_room_goes_on_when_a_consumer_moves_on():
+    # The reader of a full buffer must wake when a consumer's next request frees rows, not at
+    # its next poll: with a poll of 60 s, one missed wake-up would outlast the deadline.
+    stream = SyntheticStream((200,) * 8, block_rows=1000)
+    hub = RowHub(stream.open_reader, Manifest("synthetic"), capacity=2 * PIECE_ROWS, poll_s=60.0)
+    try:
+        with hub.consumer(alive=alive_until()) as consumer:
+            deadline = time.monotonic() + DEADLINE_S
+            for start in range(0, stream.total, PIECE_ROWS // 2):
+                wanted = range(start, min(start + PIECE_ROWS // 2, stream.total))
+                rows, _ = consumer.rows(wanted)
+                assert_rows(rows, wanted)
+                assert time.monotonic() < deadline, f"stalled at row {start}: the reader missed a wake-up"
+    finally:
+        hub.close()
+
+
 # -- restarts ---------------------------------------------------------------------------------
 
 
