@@ -1,7 +1,9 @@
 """The stream plan: which rows of which files every packing window of every epoch holds.
 
-``build_plan(config)`` runs on the driver, once: it expands every source's paths, counts rows
-(``inputs.scan.scan_file``) and fixes the mixture arithmetic of ``mixture.py``. ``plan.window(k)``
+``build_plan(config)`` runs on the driver, once: it lists every source's files, counts their rows
+(``inputs.scan_tasks``: in parallel where that pays, and not at all for files a scan manifest
+already holds unchanged) and fixes the mixture arithmetic of ``mixture.py`` (``plan_from_scans``,
+which bench/bench_plan.py feeds simulated scans of 100,000 files). ``plan.window(k)``
 then gives window k (numbered over the whole stream, epoch after epoch) as a ``WindowSpec``
 of file pieces, computed on demand from small arrays, so the plan of a 100M-sample corpus is a
 few MB however many epochs it has, and packing actors receive the plan, not a list of windows.
@@ -29,9 +31,12 @@ import numpy as np
 from packfeed.client.offsets import offsets_of
 from packfeed.service.data.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
 from packfeed.service.data.mixture import SourceOrder, epoch_counts, window_bounds
-from packfeed.service.inputs.files import expand_inputs
+from packfeed.service.inputs.files import InputFile, list_inputs
 from packfeed.service.inputs.read import Piece, WindowSpec
-from packfeed.service.inputs.scan import MAX_SEEK_STRIDE, FileScan, scan_file
+from packfeed.service.inputs.scan import MAX_SEEK_STRIDE, FileScan
+from packfeed.service.inputs.scan_cache import ScanManifest
+from packfeed.service.inputs.scan_tasks import ScanItem, scan_sources
+from packfeed.service.storage import StorageError, display, is_remote
 
 logger = logging.getLogger("packfeed")
 
@@ -147,34 +152,72 @@ class StreamPlan:
         ]
 
 
-def build_plan(config: DataConfig) -> StreamPlan:
+def build_plan(config: DataConfig, *, scan_cache: str | None = None) -> StreamPlan:
     """Scan every source of ``config`` and plan the stream. Raises ValueError naming the source
-    for an empty source or one that contributes nothing per epoch."""
+    for an empty source or one that contributes nothing per epoch.
+
+    ``scan_cache``: where the scan manifest lives (a local path or a URI, e.g. beside the run's
+    metadata; inputs/scan_cache.py). It is read if it exists; a file whose identity (size,
+    mtime, ETag) still matches its entry is not read at all; the others are scanned (in
+    parallel where that pays: inputs/scan_tasks.py) and the manifest is written again. A
+    manifest that cannot be written is warned about, never fatal: it only saves time."""
+    listed: list[list[InputFile]] = []
+    items: list[list[ScanItem]] = []
+    for source in config.sources:
+        fmt, block = config.source_format(source), source_block(config, source)
+        stride = block if 0 < block <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
+        listed.append(list_inputs(source.paths))
+        for file in listed[-1]:
+            if file.kind == "text" and fmt not in ("auto", "text"):
+                raise ValueError(f"source {source.name!r}: {display(file.path)} is a plain-text file (one document); "
+                                 f"it holds format 'text', not {fmt!r}")
+        items.append([ScanItem(planned_path(f.path), f.kind, f.info, stride) for f in listed[-1]])
+    manifest = ScanManifest.load(scan_cache) if scan_cache else None
+    scanned, num_scanned = scan_sources(items, manifest)
+    if scan_cache:
+        _save_manifest(scan_cache, manifest, [scan for scans in scanned for scan in scans], num_scanned)
+    owners: dict[str, list[str]] = {}  # real path -> the sources reading it
+    kept = []
+    for source, files, scans in zip(config.sources, listed, scanned):
+        kept.append([])
+        for file, scan in zip(files, scans):
+            if scan.num_rows == 0:
+                logger.warning("input %s holds no rows", display(file.path))
+                continue
+            real = scan.path if is_remote(scan.path) else os.path.realpath(file.path)
+            owners.setdefault(real, []).append(source.name)
+            kept[-1].append(scan)
+    warn_shared_files(owners)
+    return plan_from_scans(config, kept)
+
+
+def planned_path(path: str) -> str:
+    """A file as the plan names it: a URI as listed, a local path absolute."""
+    return path if is_remote(path) else os.path.abspath(path)
+
+
+def _save_manifest(uri: str, manifest: ScanManifest, scans: list[FileScan], num_scanned: int) -> None:
+    """Write the scans of this plan (each (file, stride, phase) once) when any was new."""
+    unique = list({(s.path, s.seek_stride, s.seek_phase): s for s in scans}.values())
+    if num_scanned == 0 and manifest.num_scans == len(unique):
+        return
+    try:
+        ScanManifest.save(uri, unique)
+    except (StorageError, OSError) as exc:
+        logger.warning("could not write the scan manifest %s (%s): the next run scans the inputs again",
+                       display(uri), exc)
+
+
+def plan_from_scans(config: DataConfig, scans: list[list[FileScan]]) -> StreamPlan:
+    """The plan of ``config`` given each source's scanned files (those with rows, in order)."""
     planned: list[tuple[Any, tuple[FileScan, ...], np.ndarray, int]] = []
     next_id = 0
-    owners: dict[str, list[str]] = {}  # real path -> the sources reading it
-    for source in config.sources:
-        block = source_block(config, source)
-        stride = block if 0 < block <= MAX_SEEK_STRIDE else MAX_SEEK_STRIDE
-        scans, first_row = [], 0
-        for path, kind in expand_inputs(source.paths):
-            fmt = config.source_format(source)
-            if kind == "text" and fmt not in ("auto", "text"):
-                raise ValueError(f"source {source.name!r}: {path} is a plain-text file (one document); it holds "
-                                 f"format 'text', not {fmt!r}")
-            scan = scan_file(os.path.abspath(path), kind, first_row=first_row, stride=stride)
-            if scan.num_rows == 0:
-                logger.warning("input %s holds no rows", path)
-                continue
-            owners.setdefault(os.path.realpath(path), []).append(source.name)
-            scans.append(scan)
-            first_row += scan.num_rows
-        if first_row == 0:
+    for source, files in zip(config.sources, scans):
+        starts = offsets_of([f.num_rows for f in files])
+        if starts[-1] == 0:
             raise ValueError(f"source {source.name!r} has no rows: its files ({', '.join(source.paths)}) are empty")
-        starts = offsets_of([f.num_rows for f in scans])
-        planned.append((source, tuple(scans), starts, next_id))
-        next_id += first_row
-    warn_shared_files(owners)
+        planned.append((source, tuple(files), starts, next_id))
+        next_id += int(starts[-1])
     rows = [int(p[2][-1]) for p in planned]
     for (source, *_), n in zip(planned, rows):
         if source.repeat is not None and source.repeat * n > MAX_SAMPLES_PER_EPOCH:
@@ -230,12 +273,12 @@ def file_pieces(s: SourcePlan, lo: int, hi: int) -> list[Piece]:
         scan, start = s.files[f], int(s.file_starts[f])
         end = min(hi, int(s.file_starts[f + 1]))
         row = lo - start
-        seek = int(np.searchsorted(scan.seek_rows, row, side="right")) - 1
+        seek_row, byte_offset = scan.seek(row)
         out.append(Piece(
             path=scan.path, kind=scan.kind, format="text" if scan.kind == "text" else s.format, source=s.index,
             start_row=row, num_rows=end - lo, first_sample_id=s.first_sample_id + lo,
-            byte_offset=int(scan.seek_offsets[seek]), seek_row=int(scan.seek_rows[seek]),
-            files=(scan.path,) if scan.kind == "text" else (),
+            byte_offset=byte_offset, seek_row=seek_row, files=(scan.path,) if scan.kind == "text" else (),
+            size=scan.size, mtime_ns=scan.mtime_ns, etag=scan.etag,
         ))  # fmt: skip
         lo, f = end, f + 1
     return out

@@ -1,4 +1,5 @@
 """Where samples come from, in the order a run uses them: finding input files (files.py),
 scanning them for row counts and seek offsets (scan.py), reading a window's pieces (read.py,
-with columnar.py for Parquet and Arrow), and the record formats (records.py). Every data file
-is opened through fileio.py."""
+with columnar.py for Parquet and Arrow), and the record formats (records.py). An input is a
+local path or a URI on an object store; every data file is opened through fileio.py, over
+``packfeed.service.storage``."""

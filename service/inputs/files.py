@@ -1,8 +1,10 @@
-"""Finding input files: paths, directories and globs to an ordered list of (file, kind).
+"""Finding input files: paths, URIs, directories and globs to an ordered list of input files.
 
-Order defines the global sample ids (``data/plan.py``). A directory expands to its files sorted
-by name, not recursively; a glob expands sorted, ``**`` recursively; symlinks are resolved and
-every real file is read once. The kind comes from the extension:
+Order defines the global sample ids (``data/plan.py``). An input is a local path or a URI
+(``s3://bucket/prefix/*.jsonl``, ``gs://b/dir/``, any protocol ``service.storage`` serves).
+A directory expands to its files sorted by name, not recursively; a glob expands sorted, ``**``
+recursively, with one meaning on disk and on a store (``storage.glob``); on disk symlinks are
+resolved and every real file is read once. The kind comes from the extension:
 
 =========  =============================  ===============================================
 kind       files                          a row is
@@ -16,17 +18,28 @@ text       .txt .md                       the whole file (one document per file)
 A directory saved by ``datasets.Dataset.save_to_disk`` (it holds ``state.json``) is read as
 its arrow files in the order ``state.json`` lists them, with pyarrow only. A ``DatasetDict``
 directory (``dataset_dict.json``) is refused with the list of its splits: point at one split.
+
+Requests on a store: a glob is ONE listing (``storage.expand``: put the literal part first),
+plus one listing per directory it matches when it has no ``**``; a URI without wildcards one
+HEAD, and when it names no object (a directory: ``s3://b/dir`` or ``s3://b/dir/``) one
+listing; a saved dataset one GET of its ``state.json``. Each file comes with what the listing
+said of it (``InputFile.info``: size and mtime, the ETag where the call gave one), so the scan
+need not ask again. Every failure is one line naming the input (``storage.StorageError``, a
+``ValueError``: exit 2).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import glob
+import json
 import logging
 import os
+import posixpath
+from dataclasses import dataclass
 from typing import Sequence
 
-from packfeed.service.packed.writer import read_json_object
+from packfeed.service import storage
+from packfeed.service.storage.errors import NO_MATCH, NOT_FOUND
+from packfeed.service.storage.objects import missing
 
 logger = logging.getLogger("packfeed")
 
@@ -37,28 +50,40 @@ KIND_EXTENSIONS = {
     "text": (".txt", ".md"),
 }
 _KIND_OF_EXT = {ext: kind for kind, exts in KIND_EXTENSIONS.items() for ext in exts}
+_SUPPORTED = ", ".join(sorted(_KIND_OF_EXT))
 
 
-def expand_inputs(inputs: Sequence[str] | str) -> list[tuple[str, str]]:
-    """Resolve inputs to an ordered list of (file, kind), each real file once.
+@dataclass(frozen=True)
+class InputFile:
+    """One input file: ``path`` as listed (a local path or a URI), its ``kind``, and ``info``
+    (``storage.ObjectInfo``: size, mtime, ETag where known) as the listing or a stat gave it."""
+
+    path: str
+    kind: str
+    info: storage.ObjectInfo
+
+
+def list_inputs(inputs: Sequence[str] | str) -> list[InputFile]:
+    """Resolve inputs to an ordered list of files, each real file once.
 
     Order defines the global sample ids. A file reached twice (listed twice, or through a
     symlinked directory loop under ``**``) is read once, with a warning.
     """
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
-    out: list[tuple[str, str]] = []
-    seen: dict[str, str] = {}  # real path -> the path it was first listed as
+    out: list[InputFile] = []
+    seen: set[str] = set()  # real paths (URIs on a store)
     repeats: list[str] = []
     for item in inputs:
         path = os.fspath(item)
-        for file, kind in _expand_one(path):
-            real = os.path.realpath(file)
+        remote = storage.is_remote(path)
+        for file in _expand_uri(path) if remote else _expand_local(path):
+            real = file.path if remote else os.path.realpath(file.path)
             if real in seen:
-                repeats.append(file)
+                repeats.append(storage.display(file.path))
                 continue
-            seen[real] = file
-            out.append((file, kind))
+            seen.add(real)
+            out.append(file)
     if repeats:
         logger.warning(
             "%d input path(s) lead to files already listed (a symlink loop, or the same file given twice), "
@@ -67,26 +92,16 @@ def expand_inputs(inputs: Sequence[str] | str) -> list[tuple[str, str]]:
     return out
 
 
-def _expand_one(path: str) -> list[tuple[str, str]]:
+# ---- local paths -------------------------------------------------------------------------------
+def _expand_local(path: str) -> list[InputFile]:
     try:
         if os.path.isdir(path):
-            return _expand_dir(path)
+            return _expand_local_dir(path)
         if os.path.isfile(path):
-            return [(path, _kind_of(path))]
-        if glob.has_magic(path):
-            matches = sorted(_recursive_glob(path) if "**" in path else glob.glob(path))
-            if not matches:
-                raise ValueError(f"input {path!r}: the glob matches no file")
-            found: list[tuple[str, str]] = []
-            for m in matches:
-                if os.path.isdir(m):
-                    if "**" not in path:
-                        found.extend(_expand_dir(m))
-                elif os.path.splitext(m)[1].lower() in _KIND_OF_EXT or "**" not in path:
-                    found.append((m, _kind_of(m)))
-            if not found:
-                raise ValueError(f"input {path!r}: the glob matches no supported file ({', '.join(sorted(_KIND_OF_EXT))})")
-            return _once_each(path, found)
+            return [InputFile(path, _kind_of(path), _local_info(path))]
+        if storage.has_magic(path):
+            files = _glob_files(path)
+            return _once_each(path, files)
         if os.path.islink(path):
             os.stat(path)  # raises ELOOP for a loop; a dangling link raises ENOENT below
     except OSError as e:  # ELOOP, EACCES, ...: say which input and why
@@ -96,69 +111,29 @@ def _expand_one(path: str) -> list[tuple[str, str]]:
     raise ValueError(f"input {path!r} does not exist")
 
 
-def _recursive_glob(pattern: str) -> list[str]:
-    """``glob.glob(pattern, recursive=True)`` that walks each real directory once.
-
-    The standard glob follows directory symlinks until the OS refuses (ELOOP, ~40 levels): one
-    loop lists a file ~40 times, two loops ~2**40 paths (a hang). This walk goes breadth first,
-    so each directory is reached by its shortest path, and skips a directory whose real path it
-    has already walked. Matching follows glob's rules: ``**`` spans zero or more directories, and
-    a name starting with "." matches only a pattern part that starts with "."."""
-    parts = pattern.split(os.sep)
-    first_magic = next(i for i, part in enumerate(parts) if glob.has_magic(part))
-    root = os.sep.join(parts[:first_magic]) or (os.sep if pattern.startswith(os.sep) else "")
-    rest = parts[first_magic:]
-    if not os.path.isdir(root or os.curdir):
-        return []
-    matches: list[str] = []
-    walked = {os.path.realpath(root or os.curdir)}
-    skipped_links: list[str] = []
-    queue = [(root, ())]  # (directory, its parts below root)
-    while queue:
-        directory, below = queue.pop(0)
-        try:
-            entries = sorted(os.scandir(directory or os.curdir), key=lambda e: e.name)
-        except OSError:
-            continue  # unreadable, as glob ignores it
-        for entry in entries:
-            parts_below = (*below, entry.name)
-            full = os.path.join(directory, entry.name)
-            if _glob_match(rest, parts_below):
-                matches.append(full)
-            if not entry.is_dir():  # follows symlinks
-                continue
-            real = os.path.realpath(full)
-            if real in walked:
-                skipped_links.append(full)
-            elif not entry.name.startswith(".") or any(p.startswith(".") for p in rest):
-                walked.add(real)
-                queue.append((full, parts_below))
-    if skipped_links:
-        logger.warning("input %r: %d directory link(s) lead back to directories already walked (a symlink loop?), "
-                       "e.g. %s; each directory is walked once", pattern, len(skipped_links), skipped_links[0])
-    return matches
+def _expand_local_dir(path: str) -> list[InputFile]:
+    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
+    for n in names:  # a data file that is a link loop or dangling link is an error, not ignored
+        full = os.path.join(path, n)
+        if _ext(n) in _KIND_OF_EXT and os.path.islink(full) and not os.path.exists(full):
+            _expand_local(full)
+    entries = {n: _local_info(os.path.join(path, n)) for n in names
+               if _ext(n) in _KIND_OF_EXT and os.path.isfile(os.path.join(path, n))}
+    return _dir_files(path, entries)
 
 
-def _glob_match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
-    """Whether path ``parts`` match glob ``pattern`` parts (``**``: zero or more parts)."""
-    if not pattern:
-        return not parts
-    if pattern[0] == "**":
-        if _glob_match(pattern[1:], parts):
-            return True
-        return bool(parts) and not parts[0].startswith(".") and _glob_match(pattern, parts[1:])
-    if not parts or (parts[0].startswith(".") and not pattern[0].startswith(".")):
-        return False
-    return fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(pattern[1:], parts[1:])
+def _local_info(path: str) -> storage.ObjectInfo:
+    st = os.stat(path)
+    return storage.ObjectInfo(path, st.st_size, st.st_mtime_ns)
 
 
-def _once_each(pattern: str, found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _once_each(pattern: str, found: list[InputFile]) -> list[InputFile]:
     """A glob's files, each real file once under its shortest path (links to one file, or to
     one directory under two names), in the glob's order."""
     best: dict[str, int] = {}  # real path -> index in found of its shortest path
-    for i, (file, _) in enumerate(found):
-        real = os.path.realpath(file)
-        if real not in best or file.count(os.sep) < found[best[real]][0].count(os.sep):
+    for i, file in enumerate(found):
+        real = os.path.realpath(file.path)
+        if real not in best or file.path.count(os.sep) < found[best[real]].path.count(os.sep):
             best[real] = i
     if len(best) < len(found):
         logger.warning(
@@ -168,42 +143,108 @@ def _once_each(pattern: str, found: list[tuple[str, str]]) -> list[tuple[str, st
     return [found[i] for i in sorted(best.values())]
 
 
-def _kind_of(path: str) -> str:
-    kind = _KIND_OF_EXT.get(os.path.splitext(path)[1].lower())
-    if kind is None:
-        known = ", ".join(sorted(_KIND_OF_EXT))
-        raise ValueError(f"input {path!r}: unknown file type; supported extensions: {known}")
-    return kind
+# ---- URIs ------------------------------------------------------------------------------------
+def _expand_uri(uri: str) -> list[InputFile]:
+    if storage.has_magic(uri):
+        return _glob_files(uri)
+    if uri.endswith("/"):
+        return _expand_uri_dir(uri.rstrip("/"), named=uri)
+    try:
+        info = storage.stat(uri)
+    except storage.StorageError as e:
+        if e.kind != NOT_FOUND:
+            raise
+        return _expand_uri_dir(uri, named=uri)  # a "directory": a prefix some keys share
+    return [InputFile(uri, _kind_of(uri), info)]
 
 
-def _expand_dir(path: str) -> list[tuple[str, str]]:
-    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
-        splits = read_json_object(os.path.join(path, "dataset_dict.json"), fix="re-save it or point at a split").get("splits", [])
-        raise ValueError(
-            f"input {path!r} is a Hugging Face DatasetDict with splits {splits}; point the input at "
-            f"one split directory, e.g. {os.path.join(path, splits[0] if splits else 'train')!r}"
-        )
-    if os.path.isfile(os.path.join(path, "state.json")):
-        state_path = os.path.join(path, "state.json")
-        entries = read_json_object(state_path, fix="re-save the dataset with save_to_disk").get("_data_files", [])
-        if not isinstance(entries, list) or not all(isinstance(d, dict) and isinstance(d.get("filename"), str)
-                                                    for d in entries):
-            raise ValueError(f"input {state_path!r}: not a Hugging Face datasets state.json (_data_files should list "
-                             "{\"filename\": ...} entries)")
-        files = [os.path.join(path, d["filename"]) for d in entries]
-        if not files:
-            raise ValueError(f"input {path!r}: state.json lists no data files")
-        return [(p, "arrow") for p in files]
-    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
-    for n in names:  # a data file that is a link loop or dangling link is an error, not ignored
-        full = os.path.join(path, n)
-        if os.path.splitext(n)[1].lower() in _KIND_OF_EXT and os.path.islink(full) and not os.path.exists(full):
-            _expand_one(full)
-    found = [
-        (os.path.join(path, n), _KIND_OF_EXT[os.path.splitext(n)[1].lower()])
-        for n in names
-        if os.path.splitext(n)[1].lower() in _KIND_OF_EXT and os.path.isfile(os.path.join(path, n))
-    ]
+def _expand_uri_dir(uri: str, *, named: str) -> list[InputFile]:
+    listed = storage.listing(uri, recursive=False, named=named)
+    if not listed:
+        raise missing(uri, named=named)
+    return _dir_files(uri, {info.uri[len(uri) + 1:]: info for info in listed
+                            if not info.is_dir and not info.uri[len(uri) + 1:].startswith((".", "_"))})
+
+
+# ---- both --------------------------------------------------------------------------------------
+def _glob_files(pattern: str) -> list[InputFile]:
+    """The files a glob gives: its matching files (under ``**`` those of a known kind only),
+    and the files of each directory it matches when it has no ``**``."""
+    try:
+        matches = storage.expand(pattern)
+    except storage.StorageError as e:
+        if e.kind == NO_MATCH:
+            raise ValueError(f"input {storage.display(pattern)!r}: the glob matches no file") from None
+        raise
+    found: list[InputFile] = []
+    for m in matches:
+        if m.is_dir:
+            if "**" not in pattern:
+                found.extend(_expand_local_dir(m.uri) if not storage.is_remote(m.uri)
+                             else _expand_uri_dir(m.uri, named=m.uri))
+        elif _ext(m.uri) in _KIND_OF_EXT or "**" not in pattern:
+            found.append(InputFile(m.uri, _kind_of(m.uri), m))
     if not found:
-        raise ValueError(f"input directory {path!r} holds no supported file ({', '.join(sorted(_KIND_OF_EXT))})")
+        raise ValueError(f"input {storage.display(pattern)!r}: the glob matches no supported file ({_SUPPORTED})")
     return found
+
+
+def _dir_files(path: str, entries: dict[str, storage.ObjectInfo]) -> list[InputFile]:
+    """The files of directory ``path`` given its entries (name -> info; names starting with "."
+    or "_" left out): a saved dataset's files in ``state.json``'s order, else every file of a
+    known kind, sorted by name."""
+    if "dataset_dict.json" in entries:
+        splits = _json_object(storage.join(path, "dataset_dict.json"),
+                              fix="re-save it or point at a split").get("splits", [])
+        raise ValueError(
+            f"input {storage.display(path)!r} is a Hugging Face DatasetDict with splits {splits}; point the input at "
+            f"one split directory, e.g. {storage.display(storage.join(path, splits[0] if splits else 'train'))!r}"
+        )
+    if "state.json" in entries:
+        state_path = storage.join(path, "state.json")
+        listed = _json_object(state_path, fix="re-save the dataset with save_to_disk").get("_data_files", [])
+        if not isinstance(listed, list) or not all(isinstance(d, dict) and isinstance(d.get("filename"), str)
+                                                   for d in listed):
+            raise ValueError(f"input {storage.display(state_path)!r}: not a Hugging Face datasets state.json "
+                             "(_data_files should list {\"filename\": ...} entries)")
+        if not listed:
+            raise ValueError(f"input {storage.display(path)!r}: state.json lists no data files")
+        return [_listed_file(path, d["filename"], entries) for d in listed]
+    found = [InputFile(storage.join(path, n), _KIND_OF_EXT[_ext(n)], entries[n])
+             for n in sorted(entries) if _ext(n) in _KIND_OF_EXT]
+    if not found:
+        raise ValueError(f"input directory {storage.display(path)!r} holds no supported file ({_SUPPORTED})")
+    return found
+
+
+def _listed_file(path: str, filename: str, entries: dict[str, storage.ObjectInfo]) -> InputFile:
+    """A file ``state.json`` lists: its listing entry, else (a name in a subdirectory, a file
+    the listing did not show) a stat, which names it when it does not exist."""
+    full = storage.join(path, filename)
+    info = entries.get(filename) or storage.stat(full)
+    return InputFile(full, "arrow", info)
+
+
+def _json_object(uri: str, *, fix: str) -> dict:
+    """The JSON object in ``uri``; ValueError naming the file and ``fix`` when it is not one."""
+    try:
+        value = json.loads(storage.read_bytes(uri))
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        if isinstance(e, storage.StorageError):
+            raise
+        raise ValueError(f"{storage.display(uri)} is not a valid JSON object ({e}): {fix}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{storage.display(uri)} is not a valid JSON object (it holds a {type(value).__name__}): "
+                         f"{fix}")
+    return value
+
+
+def _ext(path: str) -> str:
+    return posixpath.splitext(path)[1].lower() if storage.is_remote(path) else os.path.splitext(path)[1].lower()
+
+
+def _kind_of(path: str) -> str:
+    kind = _KIND_OF_EXT.get(_ext(path))
+    if kind is None:
+        raise ValueError(f"input {storage.display(path)!r}: unknown file type; supported extensions: {_SUPPORTED}")
+    return kind

@@ -8,22 +8,28 @@ Which rows a window holds is decided by ``data/plan.py``; this module only reads
 row goes to the parser of its format (records.py), which returns a record or an
 ``InvalidRecord`` that becomes a ``Skip`` naming the file, row and (JSONL) line.
 
-Cost: a JSONL piece seeks to its byte offset (at most ``stride`` lines are skipped after the
-seek, see scan.py) and decodes only its lines; the Parquet row groups or Arrow batches a window
-touches are decoded once for all its pieces of that file (columnar.py); a text piece reads its
-files whole.
+Files are local paths or URIs, all read through fileio.py (its docstring gives the requests
+and bytes on an object store). Cost: the JSONL pieces of one file are read by one cursor in
+ranged chunks from their byte offsets (at most ``stride`` lines are passed over after a seek,
+see scan.py), and only their lines are decoded; the Parquet row groups or Arrow batches a
+window touches are decoded once for all its pieces of that file (columnar.py); a text piece
+reads its files whole.
+
+A piece carries the version of its file the plan saw (size, mtime, ETag; -1/None: unknown).
+Reading a file that changed since is an error naming it, never rows of another version.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from packfeed.service import storage
 from packfeed.service.inputs.columnar import read_columnar
+from packfeed.service.inputs.fileio import LineRun, identity, read_line_runs, read_whole
 from packfeed.service.inputs.records import (
     BLANK_LINE,
     EMPTY_FIELD,
@@ -37,7 +43,7 @@ from packfeed.service.inputs.records import (
     InvalidRecord,
     Skip,
 )
-from packfeed.service.inputs.fileio import open_input
+from packfeed.service.storage.errors import DENIED, NOT_FOUND
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class Piece:
     pieces carry ``byte_offset``, the offset of row ``seek_row`` <= ``start_row``: a reader
     seeks there and skips ``start_row - seek_row`` lines. A ``text`` piece groups consecutive
     one-document files: its row k is the whole file ``files[k]``.
+
+    ``size``, ``mtime_ns`` and ``etag`` identify the version of ``path`` the plan saw (-1 or
+    None: unknown, not compared); a text piece's are compared when it holds one file.
     """
 
     path: str
@@ -60,6 +69,13 @@ class Piece:
     byte_offset: int = 0
     seek_row: int = 0
     files: tuple[str, ...] = ()
+    size: int = -1
+    mtime_ns: int = -1
+    etag: str | None = None
+
+    def expect(self) -> storage.ObjectInfo | None:
+        """What ``path`` was when planned, for the read's check (None: nothing known)."""
+        return identity(self.path, size=self.size, mtime_ns=self.mtime_ns, etag=self.etag)
 
 
 @dataclass(frozen=True)
@@ -95,9 +111,10 @@ class WindowSpec:
         piece = self.piece_of(sample_id)
         k = sample_id - piece.first_sample_id
         if piece.kind == "text":
-            return Skip(sample_id, piece.files[k], 0, reason, detail)
+            return Skip(sample_id, storage.display(piece.files[k]), 0, reason, detail)
         row = piece.start_row + k
-        return Skip(sample_id, piece.path, row, reason, detail, row + 1 if piece.kind == "jsonl" else None)
+        return Skip(sample_id, storage.display(piece.path), row, reason, detail,
+                    row + 1 if piece.kind == "jsonl" else None)
 
 
 @dataclass
@@ -139,10 +156,11 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
     sources: list[int] = []
     skips: list[Skip] = []
     columnar = _columnar_tables(spec)
+    lines = _jsonl_lines(spec)
     for index, piece in enumerate(spec.pieces):
         parse = RECORD_PARSERS[piece.format]
         if piece.kind == "jsonl":
-            rows = _jsonl_rows(piece, parse)
+            rows = _jsonl_rows(piece, parse, lines.pop(index))
         elif piece.kind == "text":
             rows = _text_rows(piece)
         else:
@@ -162,7 +180,8 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
             skips.append(skip)
         if got != piece.num_rows:
             raise RuntimeError(
-                f"{piece.path}: expected {piece.num_rows} rows from row {piece.start_row}, read {got}; "
+                f"{storage.display(piece.path)}: expected {piece.num_rows} rows from row {piece.start_row}, "
+                f"read {got}; "
                 "did the file change after the windows were planned?"
             )
     return RawWindow(spec, np.asarray(ids, dtype=np.int64), records, skips, np.asarray(sources, dtype=np.int64))
@@ -202,24 +221,36 @@ class _Undecodable(Exception):
 
 def _read_pieces(path: str, fmt: str, pieces: list[Piece]) -> list[Any]:
     try:
-        return read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces], fmt)
+        return read_columnar(path, pieces[0].kind, [(p.start_row, p.start_row + p.num_rows) for p in pieces], fmt,
+                             expect=pieces[0].expect())
     except Exception as e:  # a corrupt row group or batch: these rows are unreadable, not a crash
-        if isinstance(e, OSError) and e.errno is not None:
-            raise
+        if isinstance(e, storage.StorageError) or (isinstance(e, OSError) and e.errno is not None):
+            raise  # the file is missing, changed or out of reach: not bad data
         if not type(e).__module__.startswith("pyarrow") and not isinstance(e, (OSError, ValueError)):
             raise
         raise _Undecodable(InvalidRecord(UNREADABLE, f"{type(e).__name__}: {str(e)[:200]}")) from None
 
 
-def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any]) -> Iterator[Row]:
-    with open_input(piece.path) as f:
-        f.seek(piece.byte_offset)
-        lines = islice(f, piece.start_row - piece.seek_row, None)
-        for k, line in enumerate(islice(lines, piece.num_rows)):
-            try:
-                yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
-            except InvalidRecord as bad:
-                yield k, None, bad
+def _jsonl_lines(spec: WindowSpec) -> dict[int, list[bytes]]:
+    """piece position -> its lines, for the JSONL pieces: one cursor per file (fileio.py)."""
+    by_file: dict[str, list[int]] = {}
+    for i, p in enumerate(spec.pieces):
+        if p.kind == "jsonl":
+            by_file.setdefault(p.path, []).append(i)
+    out: dict[int, list[bytes]] = {}
+    for path, positions in by_file.items():
+        pieces = [spec.pieces[i] for i in positions]
+        runs = [LineRun(p.seek_row, p.byte_offset, p.start_row, p.num_rows) for p in pieces]
+        out.update(zip(positions, read_line_runs(path, runs, expect=pieces[0].expect())))
+    return out
+
+
+def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any], lines: list[bytes]) -> Iterator[Row]:
+    for k, line in enumerate(lines):
+        try:
+            yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
+        except InvalidRecord as bad:
+            yield k, None, bad
 
 
 class _JsonFields:
@@ -292,12 +323,14 @@ def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any],
 
 
 def _text_rows(piece: Piece) -> Iterator[Row]:
+    expect = piece.expect() if piece.files == (piece.path,) else None
     for k, path in enumerate(piece.files):
         try:
-            with open_input(path) as f:
-                data = f.read()
-        except OSError as e:
-            yield k, None, InvalidRecord(UNREADABLE, e.strerror or str(e))
+            data = read_whole(path, expect=expect)
+        except storage.StorageError as e:
+            if e.kind not in (NOT_FOUND, DENIED):
+                raise  # changed since the plan, or the store out of reach: not bad data
+            yield k, None, InvalidRecord(UNREADABLE, str(e).removeprefix(f"{e.uri}: "))
             continue
         try:
             yield k, _parse_text_file(data), None

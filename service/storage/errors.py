@@ -42,8 +42,17 @@ class StorageError(ValueError):
 
     def __init__(self, shown_uri: str, problem: str, *, kind: str = OTHER) -> None:
         self.uri = shown_uri
+        self.problem = problem
         self.kind = kind
         super().__init__(scrub(one_line(f"{shown_uri}: {problem}")))
+
+    def __reduce__(self):
+        # Raised inside Ray actors and tasks: it must unpickle on the driver from its own parts.
+        return (_rebuild_storage_error, (self.uri, self.problem, self.kind))
+
+
+def _rebuild_storage_error(shown_uri: str, problem: str, kind: str) -> StorageError:
+    return StorageError(shown_uri, problem, kind=kind)
 
 
 @dataclass(frozen=True)

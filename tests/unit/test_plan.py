@@ -5,6 +5,7 @@ contract of docs/design.md ("Mixtures and epochs"); a golden small enough to rea
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 from fractions import Fraction
 
@@ -202,3 +203,41 @@ def test_block_samples_per_source_overrides_the_data_config(tmp_path):
     second = [r for k in range(plan.num_windows) for r in rows[k].get(1, [])]
     assert first == list(range(300)), "block 0: file order"
     assert sorted(second) == list(range(300)) and second != list(range(300)), "the config's blocks: shuffled"
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 0])
+def test_jsonl_pieces_seek_to_their_block_and_carry_their_files_version(tmp_path, block):
+    """Seek points fall on the source's block boundaries, whatever the files' sizes: a piece
+    that starts a block seeks right to it (no line passed over); every piece seeks at most a
+    stride back, and names the size and mtime its file was scanned at."""
+    paths = write_source(tmp_path, "a", 203, files=7)
+    plan = build_plan(config([SourceConfig(name="a", paths=paths)], window_samples=50, block_samples=block, epochs=2))
+    stride = block or 4096
+    starts_a_block = 0
+    for k in range(plan.num_windows):
+        for p in plan.window(k).pieces:
+            s = plan.sources[p.source]
+            local = p.first_sample_id - s.first_sample_id  # the piece's first row within the source
+            assert p.seek_row <= p.start_row < p.seek_row + stride
+            if block and local % block == 0:
+                starts_a_block += 1
+                assert p.seek_row == p.start_row
+            with open(p.path, "rb") as f:
+                f.seek(p.byte_offset)
+                lines = f.read().split(b"\n")
+            assert json.loads(lines[p.start_row - p.seek_row])["text"] == f"a-{local}"
+            st = os.stat(p.path)
+            assert (p.size, p.mtime_ns, p.etag) == (st.st_size, st.st_mtime_ns, None)
+    assert starts_a_block > 10 or not block
+
+
+def test_text_pieces_carry_their_version_when_they_hold_one_file(tmp_path):
+    docs = []
+    for i in range(5):
+        (tmp_path / f"doc{i}.txt").write_text(f"document {i}")
+        docs.append(str(tmp_path / f"doc{i}.txt"))
+    plan = build_plan(config([SourceConfig(name="t", paths=docs)], window_samples=5, block_samples=0))
+    (piece,) = plan.window(0).pieces  # consecutive documents: one piece of five files
+    assert len(piece.files) == 5 and (piece.size, piece.mtime_ns, piece.etag) == (-1, -1, None)
+    single = build_plan(config([SourceConfig(name="t", paths=docs[:1])], window_samples=5)).window(0).pieces[0]
+    assert (single.size, single.mtime_ns) == (os.path.getsize(docs[0]), os.stat(docs[0]).st_mtime_ns)

@@ -22,6 +22,7 @@ from packfeed.service.inputs import files as input_files
 from packfeed.service.inputs import scan as input_scan
 from packfeed.service.inputs.read import Piece, read_window
 from packfeed.service.inputs.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
+from packfeed.service.storage import StorageError, local_glob
 
 from inputs_support import plan_windows
 
@@ -109,8 +110,8 @@ def test_hf_dataset_reads_arrow_files_in_state_json_order(tmp_path):
     state = json.load(open(state_path))
     state["_data_files"].reverse()  # state.json, not the file names, defines the order
     json.dump(state, open(state_path, "w"))
-    expanded = input_files.expand_inputs([path])
-    assert [p for p, _ in expanded] == [os.path.join(path, d["filename"]) for d in state["_data_files"]]
+    expanded = input_files.list_inputs([path])
+    assert [f.path for f in expanded] == [os.path.join(path, d["filename"]) for d in state["_data_files"]]
     expected = [r["text"] for r in rows[6:] + rows[3:6] + rows[:3]]
     assert read_all([path], window_samples=2)[1] == expected
 
@@ -174,10 +175,10 @@ def test_a_recursive_glob_through_a_symlinked_directory_loop_reads_each_file_onc
     write_jsonl(data / "sub" / "deep.jsonl", [{"text": "d0"}, {"text": "d1"}])
     (data / "sub" / "up").symlink_to(data)  # data/sub/up/sub/up/... : a loop glob follows
     pattern = str(data / "**" / "*.jsonl")
-    assert len(input_files.glob.glob(pattern, recursive=True)) > 2  # the loop is really walked
+    assert len(glob.glob(pattern, recursive=True)) > 2  # the loop is really walked
     with caplog.at_level("WARNING", logger=input_files.logger.name):
-        files = input_files.expand_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
-    assert [os.path.relpath(f, data) for f, _ in files] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
+        files = input_files.list_inputs([pattern, str(data / "top.jsonl")])  # and one file given twice
+    assert [os.path.relpath(f.path, data) for f in files] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
     assert "symlink loop" in caplog.text and "each directory is walked once" in caplog.text  # the glob's
     assert "each file is read once" in caplog.text  # the file given twice
     assert sorted(read_all([pattern])[1]) == ["d0", "d1", "t0"]
@@ -192,13 +193,13 @@ def test_a_recursive_glob_through_two_symlink_loops_ends_and_reads_each_file_onc
     (data / "self").symlink_to(data)
     (data / "sub" / "up").symlink_to(data)
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(input_files.expand_inputs([str(data / "**" / "*.jsonl")])),
+    worker = threading.Thread(target=lambda: result.append(input_files.list_inputs([str(data / "**" / "*.jsonl")])),
                               daemon=True)
     with caplog.at_level("WARNING", logger=input_files.logger.name):
         worker.start()
         worker.join(60)
     assert result, "expanding the glob did not end in 60 s"
-    assert [os.path.relpath(f, data) for f, _ in result[0]] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
+    assert [os.path.relpath(f.path, data) for f in result[0]] == [os.path.join("sub", "deep.jsonl"), "top.jsonl"]
     assert "each directory is walked once" in caplog.text
 
 
@@ -218,7 +219,7 @@ def test_the_recursive_glob_lists_what_glob_lists_on_trees_without_links(tmp_pat
                 "**/*/x.jsonl", "b/**/**/*.jsonl"]
     for pattern in patterns + [str(tmp_path / p) for p in patterns]:
         files = sorted(m for m in glob.glob(pattern, recursive=True) if os.path.isfile(m))  # directories are not read
-        assert sorted(m for m in input_files._recursive_glob(pattern) if os.path.isfile(m)) == files, pattern
+        assert sorted(m for m in local_glob(pattern) if os.path.isfile(m)) == files, pattern
 
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow-file", "arrow-stream", "feather"])
@@ -249,7 +250,7 @@ def test_a_string_cell_that_is_not_utf8_skips_its_own_row(tmp_path, kind):
 def test_a_damaged_datasets_directory_is_named(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(ValueError, match=f"{name}.*{message}"):
-        input_files.expand_inputs([str(tmp_path)])
+        input_files.list_inputs([str(tmp_path)])
 
 
 # ---- global sample ids and windows -----------------------------------------------------------
@@ -271,12 +272,15 @@ def test_windows_span_files_golden(tmp_path):
     b = write_columnar(tmp_path / "b.parquet", [{"text": "b0"}, {"text": "b1"}], "parquet")  # 2 rows
     windows = plan_windows([a, b], window_samples=2)
     assert [(w.index, w.epoch, w.sample_ids().tolist()) for w in windows] == [(0, 0, [0, 1]), (1, 0, [2, 3]), (2, 0, [4])]
-    # row 2 of a.jsonl: the reader seeks to the nearest known offset (row 0) and skips 2 lines
+    # row 2 of a.jsonl: the reader seeks to the nearest known offset (row 0) and skips 2 lines;
+    # each piece carries the version of its file the plan saw
+    seen = {p: dict(size=os.stat(p).st_size, mtime_ns=os.stat(p).st_mtime_ns) for p in (a, b)}
     assert windows[1].pieces == (
-        Piece(a, "jsonl", "auto", source=0, start_row=2, num_rows=1, first_sample_id=2, byte_offset=0, seek_row=0),
-        Piece(b, "parquet", "auto", source=0, start_row=0, num_rows=1, first_sample_id=3),
+        Piece(a, "jsonl", "auto", source=0, start_row=2, num_rows=1, first_sample_id=2, byte_offset=0, seek_row=0,
+              **seen[a]),
+        Piece(b, "parquet", "auto", source=0, start_row=0, num_rows=1, first_sample_id=3, **seen[b]),
     )
-    assert windows[2].pieces == (Piece(b, "parquet", "auto", 0, 1, 1, 4),)
+    assert windows[2].pieces == (Piece(b, "parquet", "auto", 0, 1, 1, 4, **seen[b]),)
     assert [read_window(w).records for w in windows] == [["a0", "a1"], ["a2", "b0"], ["b1"]]
 
 
@@ -304,7 +308,7 @@ def test_window_spec_is_small_and_picklable(tmp_path):
 def test_jsonl_row_counting(tmp_path, content, expected_rows):
     path = tmp_path / "x.jsonl"
     path.write_bytes(content)
-    assert input_scan._scan_jsonl(str(path), 0, 1)[0] == expected_rows
+    assert input_scan.scan_file(str(path), "jsonl", stride=1).num_rows == expected_rows
     if expected_rows == 0:  # an input with no rows makes a source with no rows: an error naming it
         with pytest.raises(ValueError, match="has no rows"):
             read_all([str(path)], window_samples=1, format="text")
@@ -316,7 +320,7 @@ def test_jsonl_row_counting(tmp_path, content, expected_rows):
 def test_jsonl_byte_offsets_with_tiny_scan_chunks(tmp_path, monkeypatch):
     rows = [{"text": "x" * (i % 7 + 1)} for i in range(200)]
     path = write_jsonl(tmp_path / "a.jsonl", rows)
-    monkeypatch.setattr(input_scan, "_SCAN_CHUNK", 5)  # boundaries fall in many chunks
+    monkeypatch.setattr(input_scan, "SCAN_CHUNK", 5)  # boundaries fall in many chunks
     for w in (1, 3, 64, 199, 200, 201):
         assert read_all([path], window_samples=w)[1] == [r["text"] for r in rows]
 
@@ -439,7 +443,7 @@ def test_a_columnar_file_gone_after_planning_is_an_error_not_bad_data(tmp_path):
     path = write_columnar(tmp_path / "x.parquet", [{"text": "a"}, {"text": "b"}], "parquet")
     (spec,) = plan_windows([path], window_samples=10)
     os.remove(path)  # a node without the shared volume, a deleted file: not rows to skip
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StorageError, match=f"{path}: no such file"):
         read_window(spec)
 
 
