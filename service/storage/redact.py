@@ -23,7 +23,9 @@ _SECRET_PARAMS = (
     "password", "passwd", "pwd", "key", "api_key", "apikey", "code", "credential", "credentials",
     "awsaccesskeyid", "googleaccessid", "authorization", "auth",
 )
-_SECRET_QUERY = re.compile(r"(?i)(?<![\w-])(" + "|".join(map(re.escape, _SECRET_PARAMS)) + r")=([^&;\s#'\"]*)")
+# A parameter follows a query separator, a space or the text's start, never a "/": a Hive-style
+# partition folder (``data/key=1/``) is a path, not a secret.
+_SECRET_QUERY = re.compile(r"(?i)(?<![\w/.-])(" + "|".join(map(re.escape, _SECRET_PARAMS)) + r")=([^&;\s#'\"]*)")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*)://([^/@\s?#'\"]*)@")
 _CREDENTIAL_ONLY_SCHEMES = {"s3", "s3a", "s3n", "gs", "gcs"}
 MASK = "***"

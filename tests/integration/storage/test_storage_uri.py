@@ -32,6 +32,8 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
     pytest.param("s3://bucket/part-?.jsonl", "s3://bucket/part-?.jsonl", id="glob-kept"),
     pytest.param("/data/corpus/a.jsonl", "/data/corpus/a.jsonl", id="local-kept"),
     pytest.param("s3://bucket/max-keys=3/keys=1", "s3://bucket/max-keys=3/keys=1", id="lookalike-names-kept"),
+    pytest.param("data/key=1/token=a/part.parquet", "data/key=1/token=a/part.parquet", id="hive-partitions-kept"),
+    pytest.param("s3://b/lang=en/key=7/x.jsonl", "s3://b/lang=en/key=7/x.jsonl", id="hive-partitions-on-s3-kept"),
 ])
 def test_display_removes_every_credential(uri, shown):
     assert display(uri) == shown
