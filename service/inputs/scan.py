@@ -33,7 +33,7 @@ import numpy as np
 
 from packfeed.service.inputs.fileio import open_arrow_input, open_input
 from packfeed.service.inputs.ipc_footer import ipc_file_rows
-from packfeed.service.storage import ObjectInfo, StorageError, display, is_remote, stat
+from packfeed.service.storage import ObjectInfo, StorageError, check_unchanged, display, is_remote, stat
 
 SCAN_CHUNK = 8 << 20
 MAX_SEEK_STRIDE = 4096  # rows between JSONL seek points when blocks are larger (or off)
@@ -74,6 +74,21 @@ class FileScan:
         """The identity the scan saw, as the storage layer compares it."""
         return ObjectInfo(self.path, None if self.size < 0 else self.size,
                           None if self.mtime_ns < 0 else self.mtime_ns, etag=self.etag)
+
+
+def recorded_identity(path: str, info: ObjectInfo | None) -> ObjectInfo:
+    """The identity a scan records for ``path``: the listing's ``info``, completed by a stat.
+
+    A store's listing through pyarrow carries no ETag, and its mtime is compared to the second:
+    an object rewritten at the same size within that second would pass for the planned one.
+    One HEAD per scanned object (no data bytes) records the ETag, so the reads check it."""
+    if info is None:
+        return stat(path)
+    if info.etag is None and info.version is None and is_remote(path):
+        now = stat(path)
+        check_unchanged(info, now)  # listed, then rewritten before this scan
+        return now
+    return info
 
 
 def identity_fields(info: ObjectInfo) -> dict:
@@ -123,7 +138,7 @@ def scan_file(path: str, kind: str, *, first_row: int = 0, stride: int = MAX_SEE
     """Scan one file (a local path or a URI) in this process. ``info``: its identity as listed;
     the read fails, naming the file, if it is another version now. Errors name the file."""
     with scan_errors(path, kind):
-        expect = info or stat(path)
+        expect = recorded_identity(path, info)
         identity = identity_fields(expect)
         if kind == "jsonl":
             finder = SeekFinder(seek_phase(first_row, stride), stride)

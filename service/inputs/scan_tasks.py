@@ -47,6 +47,7 @@ from packfeed.service.inputs.scan import (
     count_rows,
     identity_fields,
     newline_positions,
+    recorded_identity,
     scan_errors,
     scan_file,
     seek_phase,
@@ -140,7 +141,7 @@ def _scan_inline(sources: list[list[ScanItem]],
 
 def combine(item: ScanItem, raw: Any, phase: int) -> FileScan:
     """A file's scan from its parts' results (``scan_parts``), in file order."""
-    identity = identity_fields(item.info)
+    identity = identity_fields(recorded_identity(item.path, item.info))
     if item.kind != "jsonl":
         return FileScan(item.path, item.kind, raw, **identity)
     finder = SeekFinder(phase, item.stride)
