@@ -12,13 +12,22 @@
   a schema cannot say: a RayJob that breaks them is accepted by kubectl, then fails.
 * A cluster spec's groups, their Ray container, volumes and the Ray nodes they become
   (``ray_nodes``), in the shape ``packfeed.service.pipeline.placement`` reads.
+* ``Manifests``: a folder's documents, a RayJob's cluster and config file; ``parse_entrypoint``
+  (packfeed's own parser) and ``load_text`` (packfeed's config loader).
+* Data on a bucket: the storage credentials a pod's Ray container takes from a Secret
+  (``credential_problems``), volumes that would hold data (``data_volumes``), the buckets URIs
+  name (``uri_buckets``) and a flag's value as the entrypoint writes it (``flag_value``).
 * The Dockerfile's instructions and what .dockerignore leaves out of the build context.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import math
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -70,6 +79,74 @@ def strict(schema: dict) -> dict:
         if key in out:
             out[key] = [strict(s) for s in out[key]]
     return out
+
+
+class Manifests:
+    """The documents of a folder of manifests (``items``: (file name, document)), and what its
+    RayJobs run: the cluster (``cluster_of``) and the config file (``config_text``)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.items = load_manifests(folder)
+        self.ray_docs = [m for m in self.items if str(m[1].get("apiVersion", "")).startswith("ray.io/")]
+        self.jobs = [m for m in self.items if m[1].get("kind") == "RayJob"]
+        # (id, cluster spec) of every RayCluster and of every RayJob that brings its own cluster
+        self.cluster_specs = [
+            (doc_id((f, doc)), doc["spec"] if doc["kind"] == "RayCluster" else doc["spec"]["rayClusterSpec"])
+            for f, doc in self.ray_docs if doc["kind"] == "RayCluster" or "rayClusterSpec" in doc["spec"]
+        ]
+
+    def find(self, kind: str, name: str) -> dict:
+        found = [doc for _, doc in self.items if doc.get("kind") == kind and doc["metadata"]["name"] == name]
+        assert len(found) == 1, f"{self.folder.name} holds {len(found)} {kind} named {name!r}, expected one"
+        return found[0]
+
+    def cluster_of(self, job: dict) -> dict:
+        """The cluster spec a RayJob runs on: its own, or the RayCluster its clusterSelector names."""
+        if "rayClusterSpec" in job["spec"]:
+            return job["spec"]["rayClusterSpec"]
+        return self.find("RayCluster", job["spec"]["clusterSelector"]["ray.io/cluster"])["spec"]
+
+    def config_text(self, job: dict, args: argparse.Namespace) -> str:
+        """The file ``--config`` names, from the ConfigMap mounted there on the head pod (a Ray
+        job's entrypoint runs on the head)."""
+        found = volume_at(self.cluster_of(job)["headGroupSpec"], args.config)
+        assert found is not None, f"--config {args.config}: no volume is mounted there on the head pod"
+        volume, _, inner = found
+        assert "configMap" in volume, f"--config {args.config}: volume {volume['name']!r} is not a ConfigMap"
+        key = volume_file_key(volume["configMap"], inner)
+        data = self.find("ConfigMap", volume["configMap"]["name"]).get("data", {})
+        assert key in data, f"--config {args.config}: ConfigMap {volume['configMap']['name']!r} has no key {key!r}"
+        return data[key]
+
+
+def doc_id(item: tuple[str, dict]) -> str:
+    file, doc = item
+    return f"{file}:{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+
+
+def parse_entrypoint(entrypoint: str) -> argparse.Namespace:
+    """``entrypoint`` parsed by packfeed's real parser; AssertionError with argparse's message
+    when it refuses it."""
+    from packfeed.service.cli import build_parser
+
+    argv = shlex.split(entrypoint)
+    assert argv[:1] == ["packfeed"], f"entrypoint {entrypoint!r} does not run packfeed"
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            return build_parser().parse_args(argv[1:])
+    except SystemExit:
+        raise AssertionError(f"packfeed refuses {entrypoint!r}: {stderr.getvalue().strip()}") from None
+
+
+def load_text(text: str, args: argparse.Namespace, tmp_path: Path) -> dict:
+    """A config file's text loaded by packfeed's loader, as ``--config`` would load it."""
+    from packfeed.service.commands.args import load_config_file
+
+    path = tmp_path / args.config.name  # the same suffix: load_config_file reads TOML or JSON by it
+    path.write_text(text)
+    return load_config_file(path)
 
 
 # --- rules of the KubeRay operator (validation.go) ---------------------------------------------
@@ -239,6 +316,71 @@ def volume_file_key(source: dict, inner: str) -> str | None:
     if not items:
         return inner
     return next((item["key"] for item in items if item["path"] == inner), None)
+
+
+# --- data on a bucket: credentials from a Secret, no data volume --------------------------------
+
+# Per URI scheme, the variables the Ray container of every pod needs, all from the storage
+# Secret: an access key pair (and the endpoint of an S3-compatible store) as secretKeyRefs, or
+# the path of a key file that a volume of that Secret holds.
+CREDENTIAL_ENV = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS",),
+}
+OPTIONAL_KEYS = {"AWS_ENDPOINT_URL"}  # the Secret may lack it (AWS itself needs no endpoint); the others not
+FILE_ENV = {"GOOGLE_APPLICATION_CREDENTIALS"}
+VOLUME_SOURCES = ("configMap", "secret", "emptyDir")  # any other source (a PVC, NFS, hostPath) holds data
+URI = re.compile(r"\b([a-z][a-z0-9+.-]*)://([A-Za-z0-9][A-Za-z0-9._-]*)")  # scheme://bucket
+
+
+def flag_value(entrypoint: str, flag: str) -> str | None:
+    """The value of ``flag`` as the entrypoint writes it (``--output s3://b/x``; argparse's Path
+    type would make ``s3:/b/x`` of it), None when absent."""
+    argv = shlex.split(entrypoint)
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith(flag + "="):
+            return token.partition("=")[2]
+    return None
+
+
+def data_volumes(group: dict) -> list[str]:
+    """The group's pod volumes that are not ConfigMaps, Secrets or emptyDirs, as ``name (source)``."""
+    out = []
+    for volume in group["template"]["spec"].get("volumes", []):
+        sources = [key for key in volume if key != "name"]
+        if not set(sources) <= set(VOLUME_SOURCES):
+            out.append(f"{volume['name']} ({', '.join(sources)})")
+    return out
+
+
+def credential_problems(group: dict, scheme: str, secret: str) -> list[str]:
+    """Why the group's Ray container lacks the credentials of ``scheme`` from Secret ``secret``:
+    a variable missing, given as a literal value, from another Secret or key, optional where the
+    pod must not start without it; a key file that no volume of that Secret holds."""
+    env = {entry["name"]: entry for entry in ray_container(group).get("env", [])}
+    problems = []
+    for name in CREDENTIAL_ENV[scheme]:
+        entry = env.get(name)
+        if entry is None:
+            problems.append(f"no {name}")
+        elif name in FILE_ENV:
+            found = volume_at(group, Path(entry.get("value") or "/"))
+            if found is None or found[0].get("secret", {}).get("secretName") != secret:
+                problems.append(f"{name}={entry.get('value')}: not a file of a volume of Secret {secret}")
+        else:
+            ref = entry.get("valueFrom", {}).get("secretKeyRef") or {}
+            if "value" in entry or ref.get("name") != secret or ref.get("key") != name:
+                problems.append(f"{name}: not from key {name} of Secret {secret}")
+            elif bool(ref.get("optional")) != (name in OPTIONAL_KEYS):
+                problems.append(f"{name}: optional must be {name in OPTIONAL_KEYS}")
+    return problems
+
+
+def uri_buckets(text: str) -> set[str]:
+    """``scheme://bucket`` of every URI of a storage scheme (``CREDENTIAL_ENV``) in ``text``."""
+    return {f"{scheme}://{bucket}" for scheme, bucket in URI.findall(text) if scheme in CREDENTIAL_ENV}
 
 
 # --- the image ----------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ Every ray.io document validates against KubeRay's CRD schema (as strictly as `ku
 see deploy_support) and passes the rules KubeRay's operator adds; every RayJob entrypoint is a
 command packfeed's own parser accepts; the config file it names is in a ConfigMap mounted
 there, loads with packfeed's loaders, and packfeed's placement check accepts the cluster the
-manifest describes; inputs exist in the image (test_deploy_image.py checks the image) or on a
-mounted volume, outputs go to the shared volume; serve reads its token and TLS from Secrets and
-is reachable through a Service.
+manifest describes; serve reads its token and TLS from Secrets and is reachable through a
+Service. test_deploy_storage.py checks that the data lives on a bucket every pod reaches,
+test_deploy_image.py the image.
 
 Each kind of check has a test that breaks a manifest or a config and expects it to fail.
 The CRD schemas are reference data outside the repository, in ../shared/k8s (its README).
@@ -15,12 +15,9 @@ The CRD schemas are reference data outside the repository, in ../shared/k8s (its
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import functools
-import io
 import re
-import shlex
 import tomllib
 from pathlib import Path
 
@@ -30,14 +27,16 @@ from jsonschema import Draft7Validator
 
 from deploy_support import (
     CRD_FILES,
+    Manifests,
     constraint_pins,
     crd_schemas,
+    doc_id,
     dockerfile_instructions,
-    dockerignored,
     gpus,
     groups,
-    load_manifests,
+    load_text,
     operator_rule_errors,
+    parse_entrypoint,
     pod_labels,
     ray_container,
     ray_nodes,
@@ -53,26 +52,15 @@ from packfeed.trainer.cli import run_config_from_args
 from packfeed.trainer.placement import check_placement
 
 REPO = Path(__file__).resolve().parents[2]
-K8S = REPO / "deploy" / "k8s"
+K8S = Manifests(REPO / "deploy" / "k8s")
 DOCKER = REPO / "deploy" / "docker"
 CRD_DIR = REPO.parent / "shared" / "k8s"
-MANIFESTS = load_manifests(K8S)
-RAY_DOCS = [m for m in MANIFESTS if str(m[1].get("apiVersion", "")).startswith("ray.io/")]
-JOBS = [m for m in MANIFESTS if m[1].get("kind") == "RayJob"]
+MANIFESTS, RAY_DOCS, JOBS, CLUSTER_SPECS = K8S.items, K8S.ray_docs, K8S.jobs, K8S.cluster_specs
 OTHER_DOCS = [m for m in MANIFESTS if m not in RAY_DOCS]
+CLUSTERS = [pytest.param(spec, id=name) for name, spec in CLUSTER_SPECS]
 CORE_API = {"ConfigMap": "v1", "Secret": "v1", "Service": "v1", "PersistentVolumeClaim": "v1"}
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def doc_id(item: tuple[str, dict]) -> str:
-    file, doc = item
-    return f"{file}:{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
-
-
-def find(kind: str, name: str) -> dict:
-    found = [doc for _, doc in MANIFESTS if doc.get("kind") == kind and doc["metadata"]["name"] == name]
-    assert len(found) == 1, f"deploy/k8s holds {len(found)} {kind} named {name!r}, expected one"
-    return found[0]
+find, cluster_of, config_text = K8S.find, K8S.cluster_of, K8S.config_text
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,55 +83,8 @@ def schema_errors(doc: dict) -> list[str]:
     return sorted(f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in errors)
 
 
-def cluster_of(job: dict) -> dict:
-    """The cluster spec a RayJob runs on: its own, or the RayCluster its clusterSelector names."""
-    if "rayClusterSpec" in job["spec"]:
-        return job["spec"]["rayClusterSpec"]
-    return find("RayCluster", job["spec"]["clusterSelector"]["ray.io/cluster"])["spec"]
-
-
-# (id, cluster spec) of the RayCluster and of every RayJob that brings its own cluster
-CLUSTER_SPECS = [
-    (doc_id((f, doc)), doc["spec"] if doc["kind"] == "RayCluster" else doc["spec"]["rayClusterSpec"])
-    for f, doc in RAY_DOCS if doc["kind"] == "RayCluster" or "rayClusterSpec" in doc["spec"]
-]
-CLUSTERS = [pytest.param(spec, id=name) for name, spec in CLUSTER_SPECS]
-
-
-def parse_entrypoint(entrypoint: str) -> argparse.Namespace:
-    """``entrypoint`` parsed by packfeed's real parser; AssertionError with argparse's message
-    when it refuses it."""
-    argv = shlex.split(entrypoint)
-    assert argv[:1] == ["packfeed"], f"entrypoint {entrypoint!r} does not run packfeed"
-    stderr = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(stderr):
-            return build_parser().parse_args(argv[1:])
-    except SystemExit:
-        raise AssertionError(f"packfeed refuses {entrypoint!r}: {stderr.getvalue().strip()}") from None
-
-
 def job_command(job: dict) -> str:
     return parse_entrypoint(job["spec"]["entrypoint"]).command
-
-
-def config_text(job: dict, args: argparse.Namespace) -> str:
-    """The file ``--config`` names, from the ConfigMap mounted there on the head pod (a Ray
-    job's entrypoint runs on the head)."""
-    found = volume_at(cluster_of(job)["headGroupSpec"], args.config)
-    assert found is not None, f"--config {args.config}: no volume is mounted there on the head pod"
-    volume, _, inner = found
-    assert "configMap" in volume, f"--config {args.config}: volume {volume['name']!r} is not a ConfigMap"
-    key = volume_file_key(volume["configMap"], inner)
-    data = find("ConfigMap", volume["configMap"]["name"]).get("data", {})
-    assert key in data, f"--config {args.config}: ConfigMap {volume['configMap']['name']!r} has no key {key!r}"
-    return data[key]
-
-
-def load_text(text: str, args: argparse.Namespace, tmp_path: Path) -> dict:
-    path = tmp_path / args.config.name  # the same suffix: load_config_file reads TOML or JSON by it
-    path.write_text(text)
-    return load_config_file(path)
 
 
 def check_with_packfeed(args: argparse.Namespace, base: dict, cluster: dict) -> dict[str, dict]:
@@ -179,7 +120,8 @@ def check_with_packfeed(args: argparse.Namespace, base: dict, cluster: dict) -> 
 def test_deploy_k8s_runs_pack_train_and_serve_on_a_raycluster():
     """Guards the parametrized tests below from passing on nothing."""
     kinds = {doc["kind"] for _, doc in MANIFESTS}
-    assert {"RayCluster", "RayJob", "ConfigMap", "PersistentVolumeClaim", "Service"} <= kinds, kinds
+    assert {"RayCluster", "RayJob", "ConfigMap", "Service"} <= kinds, kinds
+    assert "PersistentVolumeClaim" not in kinds, "data lives on a bucket, not on a shared volume"
     assert sorted(job_command(doc) for _, doc in JOBS) == ["pack", "serve", "train"]
     assert len(CLUSTERS) == 3  # the RayCluster, and the clusters of the train and serve jobs
 
@@ -298,9 +240,9 @@ def test_a_job_deletes_its_own_cluster_after_any_end(item):
     assert spec.get("shutdownAfterJobFinishes") is True and 0 < spec["ttlSecondsAfterFinished"] <= 900, spec
 
 
-def test_every_pod_writes_the_shared_volume_as_the_images_user_and_storage_yaml_says_which():
-    """Issue 24: fsGroup does not chown most ReadWriteMany (NFS) volumes, so which uid writes
-    them is set in every pod (the image's user, who owns its files) and named in storage.yaml."""
+def test_every_pod_runs_as_the_images_user():
+    """Issue 24: every pod runs as the image's user, who owns its files, with that group as
+    fsGroup (the group of the mounted Secret and ConfigMap files: the serve token is 0440)."""
     copies = [rest for kind, rest in dockerfile_instructions(DOCKER / "Dockerfile") if kind == "COPY"]
     uid, gid = (int(x) for x in re.search(r"--chown=(\d+):(\d+)", copies[0]).groups())
     for name, cluster in CLUSTER_SPECS:
@@ -308,7 +250,6 @@ def test_every_pod_writes_the_shared_volume_as_the_images_user_and_storage_yaml_
             context = group["template"]["spec"].get("securityContext", {})
             assert (context.get("runAsUser"), context.get("runAsGroup"), context.get("fsGroup")) == (uid, gid, gid), \
                 f"{name} {group_name}: {context}"
-    assert f"chown -R {uid}:{gid}" in (K8S / "storage.yaml").read_text()
 
 
 @pytest.mark.parametrize("item", OTHER_DOCS, ids=doc_id)
@@ -428,56 +369,6 @@ def test_all_pods_pull_from_one_image_repository():
     assert len(images) == 1, images
 
 
-# --- paths: inputs visible to every pod, outputs on the shared volume ----------------------------
-
-
-def image_root() -> Path:
-    """Where the Dockerfile copies this repository in the image."""
-    return Path(next(rest for kind, rest in dockerfile_instructions(DOCKER / "Dockerfile") if kind == "WORKDIR"))
-
-
-def path_problem(path: str, cluster: dict) -> str | None:
-    """Why ``path`` is not readable on every pod of ``cluster`` (None when it is): inside the
-    image's copy of this repository, or on a volume every group mounts."""
-    if not path.startswith("/"):
-        return None  # a Hugging Face id (tokenizer)
-    p = Path(path)
-    if image_root() in p.parents:
-        relative = p.relative_to(image_root())
-        matches = sorted(REPO.glob(str(relative)))
-        if not matches:
-            return f"{path}: nothing at {relative} in the repository the image copies"
-        if any(dockerignored(m.relative_to(REPO).as_posix(), (REPO / ".dockerignore").read_text()) for m in matches):
-            return f"{path}: .dockerignore leaves it out of the image"
-        return None
-    missing = [name for name, group in groups(cluster) if volume_at(group, p) is None]
-    return f"{path}: not in the image and no volume there on the {missing} pods" if missing else None
-
-
-@pytest.mark.parametrize("item", JOBS, ids=doc_id)
-def test_inputs_are_on_every_pod_and_outputs_on_the_shared_volume(item, tmp_path):
-    job = item[1]
-    cluster = cluster_of(job)
-    args = parse_entrypoint(job["spec"]["entrypoint"])
-    data = data_config_from_args(args, load_text(config_text(job, args), args, tmp_path))
-    paths = [p for source in data.sources for p in source.paths] + [data.tokenizer]
-    problems = [problem for p in paths if (problem := path_problem(p, cluster))]
-    assert not problems, problems
-    outputs = {"--output": getattr(args, "output", None), "--state-dir": getattr(args, "state_dir", None)}
-    assert outputs["--output" if args.command != "serve" else "--state-dir"] is not None
-    for flag, path in outputs.items():
-        if path is None:
-            continue
-        claims = set()
-        for name, group in groups(cluster):
-            found = volume_at(group, path)
-            assert found and "persistentVolumeClaim" in found[0], f"{flag} {path}: no PVC there on the {name} pods"
-            assert not found[1].get("readOnly"), f"{flag} {path}: read-only on the {name} pods"
-            claims.add(found[0]["persistentVolumeClaim"]["claimName"])
-        assert len(claims) == 1, f"{flag} {path}: different volumes on different pods {claims}"
-        assert "ReadWriteMany" in find("PersistentVolumeClaim", claims.pop())["spec"]["accessModes"]
-
-
 def test_serve_takes_token_and_tls_from_secrets_and_a_service_reaches_its_head():
     [job] = [doc for _, doc in JOBS if job_command(doc) == "serve"]
     args = parse_entrypoint(job["spec"]["entrypoint"])
@@ -550,6 +441,8 @@ def test_a_submitted_jobs_relative_paths_are_the_submitters_not_rays_copy(tmp_pa
 
     from_file, from_flag = config(), config("data/a.jsonl")
     assert from_file.seq_len == 64, "the submitter's job.toml, not the copy's"
+    uris = ["s3://bucket/corpus/*.jsonl", "gs://bucket/a.jsonl", "s3://bucket/dir/"]  # issue 23: read as given
+    assert [s.paths for s in config(*uris).sources] == [tuple(uris)]
     assert [s.paths for s in from_file.sources] == [(str(user / "data" / "*.jsonl"),)]
     assert [s.paths for s in from_flag.sources] == [(str(user / "data" / "a.jsonl"),)]
     assert from_file.tokenizer == from_flag.tokenizer == str(user / "tok")
