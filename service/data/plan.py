@@ -277,7 +277,8 @@ def file_pieces(s: SourcePlan, lo: int, hi: int) -> list[Piece]:
         out.append(Piece(
             path=scan.path, kind=scan.kind, format="text" if scan.kind == "text" else s.format, source=s.index,
             start_row=row, num_rows=end - lo, first_sample_id=s.first_sample_id + lo,
-            byte_offset=byte_offset, seek_row=seek_row, files=(scan.path,) if scan.kind == "text" else (),
+            byte_offset=byte_offset, seek_row=seek_row, end_offset=scan.end_offset(end - start) if scan.kind == "jsonl" else -1,
+            files=(scan.path,) if scan.kind == "text" else (),
             size=scan.size, mtime_ns=scan.mtime_ns, etag=scan.etag,
         ))  # fmt: skip
         lo, f = end, f + 1

@@ -15,10 +15,13 @@ What reading costs on a store (a request is a round trip, ~10-100 ms on S3):
   times the mean line length (from the runs' seek points, then from the lines read). Runs of
   one file are read in row order by one cursor: the next run continues the same reads when
   its seek point is at most ``MAX_GAP`` bytes past the last (reading ~1 MiB costs about what a
-  round trip does), and one GET is sized to reach the end of all the runs read so. Bytes read:
-  the runs' bytes, the lines passed after each seek (< the plan's seek stride), the gaps read
-  through, 10% to spare and at most one chunk (``FIRST_CHUNK`` when no length is known) past
-  the last line. Memory: one chunk plus the longest line, whatever the object's size. On a
+  round trip does) and that gap is no larger than the run (so at most half of what is read is
+  passed over), and one GET is sized to reach the end of all the runs read so. A read never
+  passes where the plan says a run's lines end (``end_offset``: the next seek point, or the
+  file's end). Bytes read: the runs' bytes, the lines passed after each seek (none when blocks
+  start on seek points, as the plan's stride makes them), the gaps read through, and, where no
+  end is known, 10% to spare and at most one chunk (``FIRST_CHUNK`` when no length is known)
+  past the last line. Memory: one chunk plus the longest line, whatever the object's size. On a
   local file runs never read through a gap: a seek costs nothing there.
 - Parquet and Arrow IPC (columnar.py): HEAD, the footer or schema, then the column chunks or
   record batches asked for (columnar.py says how Arrow batches are found).
@@ -77,12 +80,14 @@ def read_whole(path: str, *, expect: storage.ObjectInfo | None = None) -> bytes:
 
 class LineRun(NamedTuple):
     """Lines ``start_row`` to ``start_row + num_rows`` of a file, reached from a seek point:
-    line ``seek_row`` (<= ``start_row``) starts at byte ``byte_offset``."""
+    line ``seek_row`` (<= ``start_row``) starts at byte ``byte_offset``; none of the lines
+    reaches past ``end_offset`` (the next seek point or the file's end; -1: not known)."""
 
     seek_row: int
     byte_offset: int
     start_row: int
     num_rows: int
+    end_offset: int = -1
 
 
 def read_line_runs(path: str, runs: Sequence[LineRun], *,
@@ -98,11 +103,11 @@ def read_line_runs(path: str, runs: Sequence[LineRun], *,
         cursor = _LineCursor(f, mean_line=_seek_point_mean(runs))
         for k, i in enumerate(order):
             run = runs[i]
-            ahead = k > 0 and cursor.row <= run.start_row and (run.seek_row <= cursor.row
-                                                                or run.byte_offset - cursor.offset <= max_gap)
+            ahead = k > 0 and cursor.row <= run.start_row and (
+                run.seek_row <= cursor.row or _read_through(run.byte_offset - cursor.offset, run, max_gap))
             if not ahead:  # a new span of runs read without a seek: one read is sized for all of it
                 cursor.seek(run.seek_row, run.byte_offset)
-                cursor.reach = _reach(cursor.mean_line(), (runs[j] for j in order[k:]), max_gap)
+                cursor.reach, cursor.cap = _reach(cursor.mean_line(), (runs[j] for j in order[k:]), max_gap)
             cursor.lines(run.start_row - cursor.row, keep=False, then=run.num_rows)
             out[i] = cursor.lines(run.num_rows, keep=True)
     return out
@@ -116,19 +121,36 @@ def _seek_point_mean(runs: Sequence[LineRun]) -> float | None:
     return (offset_hi - offset_lo) / (row_hi - row_lo) if row_hi > row_lo else None
 
 
-def _reach(mean_line: float | None, runs: Iterator[LineRun], max_gap: int) -> int:
-    """The byte offset a read for the first of ``runs`` (in row order) should reach: the
-    estimated end of the runs that will be read through without a seek (each next one at most
-    ``max_gap`` bytes after the last), so that one request serves them all; 0 when no line
-    length is known."""
-    if not mean_line:
-        return 0
-    end = 0
+def _read_through(gap: int, run: LineRun, max_gap: int) -> bool:
+    """Read the ``gap`` bytes before ``run`` rather than seek to it (a new request on a store):
+    when the gap is at most ``max_gap`` and, where the run's end is known, no larger than the run
+    itself, so that at most half of what a window reads is passed over (and on large objects,
+    whose blocks lie far apart, almost none)."""
+    if gap > max_gap:
+        return False
+    return run.end_offset < 0 or gap <= run.end_offset - run.byte_offset
+
+
+def _reach(mean_line: float | None, runs: Iterator[LineRun], max_gap: int) -> tuple[int, int]:
+    """For a read of the first of ``runs`` (in row order) and the runs read through after it
+    without a seek (each next one at most ``max_gap`` bytes after the last): the byte offset one
+    request should reach so that it serves them all (estimated from ``mean_line`` with 10% to
+    spare, never past a run's ``end_offset``; 0 when no length is known), and the offset where
+    their lines end, which no read of them need pass (0 unless the plan gave every ``end_offset``)."""
+    if not mean_line:  # a blind first read (FIRST_CHUNK), stopped where the first run ends
+        first = next(iter(runs), None)
+        return 0, max(0, first.end_offset) if first is not None else 0
+    reach, cap, known = 0, 0, True
     for run in runs:
-        if end and run.byte_offset - end > max_gap:
+        if reach and not _read_through(run.byte_offset - reach, run, max_gap):
             break
-        end = max(end, run.byte_offset + int((run.start_row - run.seek_row + run.num_rows) * mean_line * 1.1))
-    return end
+        estimate = run.byte_offset + int((run.start_row - run.seek_row + run.num_rows) * mean_line * 1.1)
+        if run.end_offset >= 0:
+            estimate, cap = min(estimate, run.end_offset), max(cap, run.end_offset)
+        else:
+            known = False
+        reach = max(reach, estimate)
+    return reach, cap if known else 0
 
 
 class _LineCursor:
@@ -142,6 +164,7 @@ class _LineCursor:
         self._f, self._size = f, f.size()
         self._mean_hint = mean_line  # bytes per line before any line was read
         self.reach = 0  # a byte offset the next read should reach (0: none)
+        self.cap = 0  # a byte offset no read need pass: where the wanted lines end (0: not known)
         self.row = self.offset = 0
         self._buf, self._start = b"", 0  # the unread bytes are _buf[_start:], from byte offset on
         self._newlines, self._next = np.zeros(0, np.int64), 0  # "\\n" positions in _buf; the first unread
@@ -204,8 +227,13 @@ class _LineCursor:
             want = min(MAX_CHUNK, max(MIN_CHUNK, estimate))
         else:
             want = FIRST_CHUNK
+        want = max(want, buffered)
+        if self.cap > position:  # the plan says where the wanted lines end: never past it
+            want = min(want, self.cap - position)
         self._f.seek(position)
-        more = self._f.read(min(max(want, buffered), self._size - position))
+        return self._take(self._f.read(min(want, self._size - position)), buffered)
+
+    def _take(self, more: bytes, buffered: int) -> bool:
         if not more:
             return False
         self._newlines = np.flatnonzero(np.frombuffer(more, np.uint8) == 10) + buffered

@@ -68,6 +68,7 @@ class Piece:
     first_sample_id: int
     byte_offset: int = 0
     seek_row: int = 0
+    end_offset: int = -1  # JSONL: no row of the piece reaches past this byte (-1: not known)
     files: tuple[str, ...] = ()
     size: int = -1
     mtime_ns: int = -1
@@ -240,7 +241,7 @@ def _jsonl_lines(spec: WindowSpec) -> dict[int, list[bytes]]:
     out: dict[int, list[bytes]] = {}
     for path, positions in by_file.items():
         pieces = [spec.pieces[i] for i in positions]
-        runs = [LineRun(p.seek_row, p.byte_offset, p.start_row, p.num_rows) for p in pieces]
+        runs = [LineRun(p.seek_row, p.byte_offset, p.start_row, p.num_rows, p.end_offset) for p in pieces]
         out.update(zip(positions, read_line_runs(path, runs, expect=pieces[0].expect())))
     return out
 
@@ -305,7 +306,7 @@ def _column_values(column: Any) -> list:
 
 
 def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
-    if not line.strip():
+    if not line or line.isspace():  # the same ASCII whitespace as bytes.strip, without copying the line
         raise InvalidRecord(BLANK_LINE, "blank line")
     try:
         text = line.decode("utf-8")

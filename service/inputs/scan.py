@@ -70,6 +70,20 @@ class FileScan:
         i = (row - phase) // stride
         return phase + i * stride, int(self.seek_offsets[i + 1])
 
+    def end_offset(self, row: int) -> int:
+        """A byte offset at or past the end of the rows before ``row``: the offset of the first
+        seek point at or after ``row``, else the file's size (-1: not known). A reader of rows
+        up to ``row`` need not read past it."""
+        stride, phase = self.seek_stride, self.seek_phase
+        if row <= 0:
+            return 0
+        if stride:
+            ahead = -(-(row - phase) // stride)  # seek points (after row 0) from ``phase`` on, ceil
+            i = ahead if phase == 0 else 1 + max(0, ahead)
+            if i < len(self.seek_offsets):
+                return int(self.seek_offsets[i])
+        return self.size
+
     def info(self) -> ObjectInfo:
         """The identity the scan saw, as the storage layer compares it."""
         return ObjectInfo(self.path, None if self.size < 0 else self.size,

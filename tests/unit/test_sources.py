@@ -272,12 +272,13 @@ def test_windows_span_files_golden(tmp_path):
     b = write_columnar(tmp_path / "b.parquet", [{"text": "b0"}, {"text": "b1"}], "parquet")  # 2 rows
     windows = plan_windows([a, b], window_samples=2)
     assert [(w.index, w.epoch, w.sample_ids().tolist()) for w in windows] == [(0, 0, [0, 1]), (1, 0, [2, 3]), (2, 0, [4])]
-    # row 2 of a.jsonl: the reader seeks to the nearest known offset (row 0) and skips 2 lines;
-    # each piece carries the version of its file the plan saw
+    # row 2 of a.jsonl: the reader seeks to the nearest known offset (row 0) and skips 2 lines,
+    # reading no further than the file's end (no seek point after it); each piece carries the
+    # version of its file the plan saw
     seen = {p: dict(size=os.stat(p).st_size, mtime_ns=os.stat(p).st_mtime_ns) for p in (a, b)}
     assert windows[1].pieces == (
         Piece(a, "jsonl", "auto", source=0, start_row=2, num_rows=1, first_sample_id=2, byte_offset=0, seek_row=0,
-              **seen[a]),
+              end_offset=os.stat(a).st_size, **seen[a]),
         Piece(b, "parquet", "auto", source=0, start_row=0, num_rows=1, first_sample_id=3, **seen[b]),
     )
     assert windows[2].pieces == (Piece(b, "parquet", "auto", 0, 1, 1, 4, **seen[b]),)
