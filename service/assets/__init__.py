@@ -6,7 +6,8 @@ _HERE = Path(__file__).resolve().parent
 
 
 def demo_tokenizer_path() -> str:
-    """Directory of the bundled 4096-token byte-level BPE tokenizer (ChatML template)."""
+    """Directory of the bundled byte-level BPE tokenizer (882 tokens, Qwen2's pre-tokenizer regex,
+    ChatML template): one the fast back-end accepts (build.py)."""
     return str(_HERE / "tokenizer")
 
 

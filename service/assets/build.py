@@ -6,8 +6,14 @@ The corpus is synthetic but learnable (arithmetic, word games, facts about a fix
 invented places, template stories), so a tiny model's loss visibly falls within a few hundred
 steps. It covers the three sample formats: ``chat.jsonl`` (messages), ``instruct.jsonl``
 (prompt + completion) and ``stories.jsonl`` (text, with a heavy tail of long documents so
-the overlong policies have work to do). The tokenizer is a 4096-token byte-level BPE trained
-on that corpus, with a ChatML chat template that has no generation markers.
+the overlong policies have work to do). The tokenizer is a byte-level BPE trained on that
+corpus to at most 4096 tokens (882: the corpus is small and repetitive, so its merges run out
+first), with a ChatML chat template that has no generation markers.
+
+The tokenizer splits text with Qwen2's pre-tokenizer regex (``PRETOKENIZER_PATTERN``) rather
+than the GPT-2 default of a bare ``ByteLevel`` pre-tokenizer, because that is a grammar the
+fast back-end (quicktok) has a scanner for: the quick start then packs on the fast path, and
+``tests/unit/test_tokenize_backend.py`` proves the bundled tokenizer passes its checks.
 """
 
 from __future__ import annotations
@@ -20,6 +26,12 @@ ASSETS = Path(__file__).resolve().parent
 SEED = 20261121
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenizer: contractions, letter runs with one leading non-letter, single digits,
+# punctuation runs, newlines, spaces (quicktok's "qwen" scanner; the GPT-2 default it refuses).
+PRETOKENIZER_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
+    r"""\s+(?!\S)|\s+"""
+)
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -119,12 +131,16 @@ def make_corpus(rng: random.Random) -> dict[str, list[dict]]:
     return {"chat.jsonl": chat, "instruct.jsonl": instruct, "stories.jsonl": stories}
 
 
-def train_tokenizer(texts: list[str], out_dir: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_tokenizer(texts: list[str], out_dir: Path) -> int:
+    """Train and save the tokenizer; returns its vocabulary size (added tokens included)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZER_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
@@ -141,21 +157,23 @@ def train_tokenizer(texts: list[str], out_dir: Path) -> None:
     )
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(str(out_dir))
+    return tok.get_vocab_size(with_added_tokens=True)
 
 
-def main() -> None:
+def main(assets: Path = ASSETS) -> None:
+    """Write the corpus and the tokenizer under ``assets`` (the package's own directory by default)."""
     rng = random.Random(SEED)
     corpus = make_corpus(rng)
-    (ASSETS / "corpus").mkdir(exist_ok=True)
+    (assets / "corpus").mkdir(parents=True, exist_ok=True)
     texts = []
     for name, records in corpus.items():
-        with open(ASSETS / "corpus" / name, "w", encoding="utf-8") as f:
+        with open(assets / "corpus" / name, "w", encoding="utf-8") as f:
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         for record in records:
             texts.append(json.dumps(record, ensure_ascii=False))
-    train_tokenizer(texts, ASSETS / "tokenizer")
-    print(f"wrote {sum(map(len, corpus.values()))} samples and a {VOCAB_SIZE}-token tokenizer under {ASSETS}")
+    vocab_size = train_tokenizer(texts, assets / "tokenizer")
+    print(f"wrote {sum(map(len, corpus.values()))} samples and a {vocab_size}-token tokenizer under {assets}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unit.tokenizer_fixtures import merge_order_trap, qwen_tokenizer_dir
+from unit.tokenizer_fixtures import gpt2_regex_tokenizer, merge_order_trap, qwen_tokenizer_dir
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
@@ -66,15 +66,25 @@ def test_every_back_end_packs_the_same_rows(ray_cluster, qwen_dir, tmp_path):
     assert stats_hf["tokenizer_backend"]["windows"] == {"hf": stats_hf["windows"]}
 
 
+def test_the_bundled_tokenizer_packs_on_the_fast_path(ray_cluster, tmp_path):
+    """The quick start's tokenizer is one quicktok accepts (issue 25): auto proves and uses it."""
+    assert pack(demo_corpus_paths(), demo_tokenizer_path(), tmp_path / "auto", "auto") == 0
+    stats = json.loads((tmp_path / "auto" / ".packfeed" / "stats.json").read_text())
+    assert stats["samples_packed"] == 7500 and stats["tokenizer_backend"]["windows"] == {"fast": stats["windows"]}
+    assert all(c["reason"] == "verified" for c in stats["tokenizer_backend"]["checks"])
+
+
 def test_a_tokenizer_refused_at_load_is_packed_by_hf_under_auto_and_stops_fast(ray_cluster, tmp_path, capsys):
     corpus = demo_corpus_paths()[:1]
-    assert pack(corpus, demo_tokenizer_path(), tmp_path / "auto", "auto") == 0
+    refused = str(tmp_path / "gpt2-regex")  # the demo tokenizer as bundled before issue 25
+    gpt2_regex_tokenizer().save_pretrained(refused)
+    assert pack(corpus, refused, tmp_path / "auto", "auto") == 0
     stats = json.loads((tmp_path / "auto" / ".packfeed" / "stats.json").read_text())
     assert stats["tokenizer_backend"]["windows"] == {"hf": stats["windows"]}
     assert all("unrecognized pretokenizer pattern" in c["reason"] for c in stats["tokenizer_backend"]["checks"])
     err = capsys.readouterr().err  # one line for the run, however many actors refused
     assert err.count("the HF tokenizers back-end packs, the fast one was refused: quicktok refused the import") == 1
-    assert pack(corpus, demo_tokenizer_path(), tmp_path / "fast", "fast") == 2
+    assert pack(corpus, refused, tmp_path / "fast", "fast") == 2
     err = capsys.readouterr().err
     assert "the fast back-end cannot reproduce it: quicktok refused the import: unrecognized pretokenizer" in err
     assert not (tmp_path / "fast" / ".packfeed" / "stats.json").exists()

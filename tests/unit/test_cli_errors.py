@@ -9,6 +9,7 @@ import os
 
 import pyarrow as pa
 import pytest
+from tokenizer_fixtures import gpt2_regex_tokenizer
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
@@ -322,7 +323,9 @@ def test_a_model_name_that_loads_nothing_fails_before_ray(capsys, good, tmp_path
 @pytest.mark.parametrize("command", ["pack", "train"])
 def test_the_fast_back_ends_refusal_is_said_before_ray(capsys, good, tmp_path, command):
     """Issue 24: under --tokenizer-backend auto the reason came only once the actors had started."""
-    argv = [command, good, "--tokenizer", TOK, "--seq-len", "64", "--output", str(tmp_path / "o")]
+    refused = str(tmp_path / "gpt2-regex")  # the bundled tokenizer is accepted (issue 25): one quicktok refuses
+    gpt2_regex_tokenizer().save_pretrained(refused)
+    argv = [command, good, "--tokenizer", refused, "--seq-len", "64", "--output", str(tmp_path / "o")]
     argv += ["--model", "tiny-llama"] if command == "train" else []
     with pytest.raises(RuntimeError, match="must not start Ray"):  # the unit conftest: the run ends where Ray starts
         main(argv)

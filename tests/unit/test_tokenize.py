@@ -419,3 +419,61 @@ def test_ranges_to_mask_equals_a_per_token_union(data):
     ranges = [data.draw(st.lists(st.tuples(st.integers(0, n), st.integers(0, n)), max_size=3)) for n in lengths]
     expected = [any(a <= t < b for a, b in rs) for n, rs in zip(lengths, ranges) for t in range(n)]
     assert ranges_to_mask(np.asarray(lengths, np.int64), ranges).tolist() == expected
+
+
+# ---- the renderer equals apply_chat_template -------------------------------------------------
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b",
+                                           "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+RENDER_CASES = [  # (messages as records.py returns them, tools)
+    ([USER_HI, HELLO], None),
+    ([{"role": "system", "content": ""}, USER_HI, HELLO, {"role": "user", "content": "why ?"}], None),
+    ([USER_HI, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "add", "arguments": {"a": 1}}}]}, {"role": "tool", "content": "1"}, HELLO], TOOLS),
+    ([USER_HI, {"role": "assistant", "content": "ok", "reasoning_content": "think first"}], None),
+    ([{"role": "assistant", "content": "I open"}, USER_HI], TOOLS),
+]  # fmt: skip
+LOOPS = (  # a template with variables it sets, namespaces and loop state
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ loop.index ~ m.role ~ ':' }}"
+    "{{ m.content | trim }}{% if m.reasoning_content is defined %}({{ m.reasoning_content }}){% endif %}"
+    "{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}\n{% endfor %}{{ ns.n }}{{ eos_token }}"
+    "{% if tools %}{{ tools | length }}{% endif %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", ["chatml", "gemma", "qwen2.5", "loops", "by-name"])
+def test_the_renderer_gives_apply_chat_templates_text(toks, template, tmp_path):
+    """ChatRenderer renders with the compiled template's own render function and skips the copy
+    of plain messages: the text must stay apply_chat_template's, with and without a generation
+    prompt, tools, tool calls and reasoning, and on a second call (the cached template)."""
+    from transformers import AutoTokenizer
+
+    from packfeed.service.tokenize.chat import ChatRenderer
+
+    if template == "qwen2.5":
+        tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dir(str(tmp_path)))
+    else:
+        tok = word_tokenizer("gemma" if template == "gemma" else "chatml")
+        if template == "loops":
+            tok.chat_template = LOOPS
+        elif template == "by-name":  # a dict of templates: tools choose "tool_use"
+            tok.chat_template = {"default": CHATML, "tool_use": LOOPS}
+    renderer = ChatRenderer(tok, template)
+    for messages, tools in RENDER_CASES * 2:
+        for generation_prompt in (False, True):
+            expected = tok.apply_chat_template(messages, tools=tools, tokenize=False,
+                                               add_generation_prompt=generation_prompt)  # fmt: skip
+            assert renderer.render(*renderer._plain(messages, tools), generation_prompt) == expected
+        assert renderer.conversation(messages, tools, True)[0] == tok.apply_chat_template(messages, tools=tools,
+                                                                                           tokenize=False)
+
+
+def test_a_template_that_raises_raises_the_same_error_through_the_renderer(toks):
+    from packfeed.service.tokenize.chat import ChatRenderer
+
+    tok = toks["llama2"]  # raises unless roles alternate user/assistant
+    messages = [USER_HI, USER_HI]
+    with pytest.raises(Exception) as expected:
+        tok.apply_chat_template(messages, tokenize=False)
+    with pytest.raises(type(expected.value), match="alternate") as got:
+        ChatRenderer(tok, "llama2").render(messages, None)
+    assert str(got.value) == str(expected.value)

@@ -4,7 +4,7 @@ Same rows: on the bundled corpus and on sweeps that put loss-mask edges where by
 is hardest (inside a pre-token, inside a character split over several byte tokens, next to a
 special token, in text an NFC normalizer changes), the fast back-end's tokens, labels and skips
 equal the HF back-end's, with the real Qwen2.5 tokenizer (built in-process from the quicktok-v1
-wheel). Refusals: tokenizers the fast path cannot mirror fall back to HF under ``auto`` with one
+wheel) and with the bundled demo tokenizer, which the fast back-end must accept. Refusals: tokenizers the fast path cannot mirror fall back to HF under ``auto`` with one
 log line saying why, and raise under ``fast``."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tokenize import check_invariants, window
 from tokenizer_fixtures import (
+    gpt2_regex_tokenizer,
     merge_order_trap,
     qwen_tokenizer_dir,
     sample,
@@ -85,12 +86,21 @@ def trained_text(tok, out: TokenizedSamples, i: int) -> str:
 
 
 # ---- the same rows ---------------------------------------------------------------------------
+@pytest.mark.parametrize("tokenizer", ["qwen", "bundled"])
 @pytest.mark.parametrize("loss", ["auto", "all"])
-def test_bundled_corpus_packs_to_identical_rows(qwen_tok, loss):
-    config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer="qwen", seq_len=1024, loss=loss, window_samples=2048)
+def test_bundled_corpus_packs_to_identical_rows(request, tokenizer, loss):
+    """With Qwen2.5 and with the bundled demo tokenizer (the quick start's: built so that the
+    fast back-end accepts it, issue 25)."""
+    from transformers import AutoTokenizer
+
+    if tokenizer == "qwen":
+        tok = request.getfixturevalue("qwen_tok")
+    else:
+        tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
+    config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=tokenizer, seq_len=1024, loss=loss, window_samples=2048)
     plan = build_plan(config)
-    hf = SampleTokenizer(qwen_tok, backend="hf", loss=loss)
-    fast = SampleTokenizer(qwen_tok, backend="auto", loss=loss, num_threads=1)
+    hf = SampleTokenizer(tok, backend="hf", loss=loss)
+    fast = SampleTokenizer(tok, backend="auto", loss=loss, num_threads=1)
     specs = [plan.window(k) for k in range(plan.num_windows)]
     kinds = set()
     for spec in specs:
@@ -106,6 +116,22 @@ def test_bundled_corpus_packs_to_identical_rows(qwen_tok, loss):
     assert kinds == {"str", "PromptCompletion", "Conversation"} and len(specs) > 1
     if loss == "auto":
         assert 0 < (a.labels != IGNORE_INDEX).sum() < a.num_real_tokens  # masks are not all-or-nothing
+
+
+def test_the_bundled_assets_are_what_the_build_script_writes(tmp_path):
+    """service/assets/build.py is deterministic and the committed corpus and tokenizer are its
+    output, byte for byte: a change to the build (such as the pre-tokenizer that made the
+    tokenizer one the fast back-end accepts) ships with its rebuilt assets."""
+    from pathlib import Path
+
+    from packfeed.service.assets import build
+
+    build.main(tmp_path)
+    bundled = Path(demo_tokenizer_path()).parent
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert len(written) == 6 and {p.parts[0] for p in written} == {"corpus", "tokenizer"}
+    for path in written:
+        assert (tmp_path / path).read_bytes() == (bundled / path).read_bytes(), path
 
 
 # Edges a reader can check: the token that holds the completion's first character is trained,
@@ -249,8 +275,8 @@ def refused_tokenizers():
         pytest.param(lambda: transformers_tokenizer(stripping), "'<sep>' sets lstrip", id="added-token-lstrip"),
         pytest.param(lambda: transformers_tokenizer(trimming), "trims offsets", id="offset-trimming-post-processor"),
         pytest.param(lambda: word_tokenizer("chatml"), "model type 'WordLevel'", id="word-level-model"),
-        pytest.param(lambda: __import__("transformers").AutoTokenizer.from_pretrained(demo_tokenizer_path()),
-                     "unrecognized pretokenizer pattern (pattern: GPT2_BYTELEVEL_DEFAULT)", id="bundled-demo-gpt2-regex"),
+        pytest.param(gpt2_regex_tokenizer, "unrecognized pretokenizer pattern (pattern: GPT2_BYTELEVEL_DEFAULT)",
+                     id="gpt2-default-regex"),
     ]  # fmt: skip
 
 
@@ -359,9 +385,8 @@ def test_a_refusal_at_load_is_said_by_the_driver_before_the_actors_report_it(cap
     window stats). ``check_backend`` runs the load-time checks on the driver and says it; the
     actors' identical reports are not said again."""
     from packfeed.service.tokenize.backend import log_choices
-    from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
+    tok = gpt2_regex_tokenizer()
     driver = SampleTokenizer(tok)
     with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.backend"):
         line = driver.check_backend()

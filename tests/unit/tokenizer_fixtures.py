@@ -16,7 +16,7 @@ the rank table inside the ``quicktok-v1`` wheel (a dev dependency: missing, it f
 and gives it Qwen2.5's chat template (the copy that ships with the installed ``trl``; a ChatML
 template of the same shape if trl is absent). ``byte_level_bpe(...)`` builds byte-level BPEs
 from explicit ranks, ``small_bpe`` and ``merge_order_trap`` two of them, for tokenizers the
-fast back-end must reproduce or refuse.
+fast back-end must reproduce or refuse; ``gpt2_regex_tokenizer`` one it refuses at import.
 
 ``show(tokenizer, tokens, labels)`` renders a sample as words with the trained run in
 brackets: ``"<|im_start|> user hi <|im_end|> <|im_start|> assistant [hello <|im_end|> </s>]"``.
@@ -155,6 +155,21 @@ def small_bpe(**kwargs):
     ranks = {qwen.decode_single_token_bytes(i): i for i in range(2000)}
     return byte_level_bpe(ranks, kwargs.pop("pattern", qwen_pattern()),
                           specials={"<s>": 2000, "</s>": 2001, "<|im_end|>": 2002}, **kwargs)  # fmt: skip
+
+
+def gpt2_regex_tokenizer():
+    """The bundled demo tokenizer with the GPT-2 default pre-tokenizer (a bare ``ByteLevel``
+    with its built-in regex), as it was bundled before issue 25: quicktok has no scanner for
+    that grammar and refuses the import (``GPT2_BYTELEVEL_DEFAULT``). Save it with
+    ``save_pretrained`` where a directory is needed."""
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
+
+    from packfeed.service.assets import demo_tokenizer_path
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer_path())
+    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tok
 
 
 def merge_order_trap():
