@@ -28,6 +28,12 @@ packed_tokens_total{source}           counter  real tokens in rows, by source (r
 skipped_samples_total{source,reason}  counter  samples skipped, by source and reason
 packing_efficiency                    gauge    real tokens / (rows x seq_len) of the rows packed
                                                (absent until a window is packed)
+storage_requests_total                counter  requests to object stores: the plan's listing and
+                                               scan and every packed window's reads (a packed
+                                               directory on a store: this server's reads)
+storage_retries_total                 counter  those retried (throttling, 5xx, timeouts, resets)
+storage_failures_total                counter  those given up on
+storage_read_bytes_total              counter  bytes read from object stores
 ====================================  =======  ==================================================
 
 The packing families count the windows this server has packed (each once, however often it is
@@ -46,6 +52,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from packfeed.service.storage import COUNTERS, StorageCounts
 
 PREFIX = "packfeed_"
 
@@ -86,6 +94,22 @@ class ServeCollector:
         totals = packing_totals(self.stream)
         if totals is not None:
             yield from _packing_families(*totals)
+        yield from _storage_families(storage_counts(self.stream))
+
+
+def storage_counts(stream: Any) -> StorageCounts:
+    """Requests to object stores for this stream: the plan's and every packed window's reads (a
+    pipeline: its RunStats), or this process's own (a packed directory read from a store)."""
+    stats = stream.stats
+    return stats.storage if stats is not None else COUNTERS.snapshot()
+
+
+def _storage_families(io: StorageCounts):
+    yield _counter("storage_requests", "requests to object stores (each retry one more)", io.requests)
+    yield _counter("storage_retries", "requests to object stores retried (throttling, 5xx, timeouts, resets)",
+                   io.retries)
+    yield _counter("storage_failures", "requests to object stores given up on", io.failures)
+    yield _counter("storage_read_bytes", "bytes read from object stores", io.bytes_read)
 
 
 def packing_totals(stream: Any) -> tuple[list[dict], float | None] | None:

@@ -36,7 +36,7 @@ from packfeed.service.inputs.read import Piece, WindowSpec
 from packfeed.service.inputs.scan import MAX_SEEK_STRIDE, FileScan
 from packfeed.service.inputs.scan_cache import ScanManifest
 from packfeed.service.inputs.scan_tasks import ScanItem, scan_sources
-from packfeed.service.storage import StorageError, display, is_remote
+from packfeed.service.storage import COUNTERS, StorageCounts, StorageError, display, is_remote
 
 logger = logging.getLogger("packfeed")
 
@@ -79,6 +79,7 @@ class StreamPlan:
         self.bounds = window_bounds(self.counts, window)  # [K + 1, S], the same every epoch
         self._first_ids = np.asarray([s.first_sample_id for s in sources], dtype=np.int64)
         self._orders: dict[int, SourceOrder] = {}
+        self.scan_storage = StorageCounts()  # what building the plan asked of object stores
 
     @property
     def windows_per_epoch(self) -> int:
@@ -161,6 +162,7 @@ def build_plan(config: DataConfig, *, scan_cache: str | None = None) -> StreamPl
     mtime, ETag) still matches its entry is not read at all; the others are scanned (in
     parallel where that pays: inputs/scan_tasks.py) and the manifest is written again. A
     manifest that cannot be written is warned about, never fatal: it only saves time."""
+    before = COUNTERS.snapshot()
     listed: list[list[InputFile]] = []
     items: list[list[ScanItem]] = []
     for source in config.sources:
@@ -188,7 +190,9 @@ def build_plan(config: DataConfig, *, scan_cache: str | None = None) -> StreamPl
             owners.setdefault(real, []).append(source.name)
             kept[-1].append(scan)
     warn_shared_files(owners)
-    return plan_from_scans(config, kept)
+    plan = plan_from_scans(config, kept)
+    plan.scan_storage = COUNTERS.snapshot() - before  # the listing and the scan's requests to a store
+    return plan
 
 
 def planned_path(path: str) -> str:

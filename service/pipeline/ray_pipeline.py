@@ -197,4 +197,4 @@ def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
 
 
 def new_run_stats(plan: StreamPlan) -> RunStats:
-    return RunStats([s.name for s in plan.sources], plan.counts)
+    return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None))

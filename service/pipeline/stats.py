@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from packfeed.service.inputs.records import Skip
+from packfeed.service.storage import StorageCounts
 
 MAX_SKIP_EXAMPLES = 5
 _INT_FIELDS = ("samples_read", "samples_packed", "truncated", "split", "dropped", "tokens", "trained_tokens")
@@ -82,6 +83,7 @@ class WindowStats:
     skip_examples: list[Skip] = field(default_factory=list)  # the first few, by sample id
     tokenizer_backends: Counter = field(default_factory=Counter)  # back-end ("hf", "fast") -> windows
     tokenizer_checks: list[dict[str, Any]] = field(default_factory=list)  # an actor's choice and its proof
+    storage: StorageCounts = field(default_factory=StorageCounts)  # its reads' requests to object stores
 
     def source(self, index: int) -> Counts:
         return self.sources.setdefault(index, Counts())
@@ -104,6 +106,7 @@ class WindowStats:
             "sources": {str(i): c.to_dict() for i, c in self.sources.items()},
             "skip_examples": [dataclasses.asdict(s) for s in self.skip_examples],
             "tokenizer_backends": self.tokenizer_backends, "tokenizer_checks": self.tokenizer_checks,
+            "storage": self.storage.as_dict(),
         })  # fmt: skip
 
     @classmethod
@@ -114,6 +117,7 @@ class WindowStats:
             sources={int(i): Counts.from_dict(c) for i, c in d["sources"].items()},
             skip_examples=[Skip(**s) for s in d["skip_examples"]],
             tokenizer_backends=Counter(d["tokenizer_backends"]), tokenizer_checks=d["tokenizer_checks"],
+            storage=StorageCounts(**d.get("storage", {})),
         )  # fmt: skip
 
 
@@ -121,8 +125,11 @@ class RunStats:
     """Totals over the windows seen so far, by (epoch, source). A window packed again (a
     restarted reader) counts once: its stats are the same, it is one window of the stream."""
 
-    def __init__(self, source_names: Sequence[str], planned: Sequence[int]) -> None:
+    def __init__(self, source_names: Sequence[str], planned: Sequence[int], *,
+                 storage: StorageCounts | None = None) -> None:
         self.names, self.planned = list(source_names), [int(p) for p in planned]
+        # Requests to object stores: the plan's (``storage``: listing and scan), then each window's reads.
+        self.storage = storage or StorageCounts()
         self.by_epoch: dict[int, dict[int, Counts]] = {}
         self.rows = 0
         self.seen: set[int] = set()
@@ -151,6 +158,7 @@ class RunStats:
         self.rows += ws.rows
         self.tokenizer_backends.update(ws.tokenizer_backends)
         self.tokenizer_checks.extend(ws.tokenizer_checks)
+        self.storage = self.storage + ws.storage
         examples = sorted(self.skip_examples + ws.skip_examples, key=lambda s: (s.sample_id, s.row))
         self.skip_examples = examples[:MAX_SKIP_EXAMPLES]
 
@@ -213,6 +221,7 @@ class RunStats:
             "sources": [self._source_dict(i) for i in range(len(self.names))],
             "tokenizer_backend": {"windows": dict(sorted(self.tokenizer_backends.items())),
                                   "checks": self.tokenizer_checks},
+            "storage": {k: v for k, v in self.storage.as_dict().items() if k != "bytes_written"},
         })  # fmt: skip
         return out
 
@@ -267,6 +276,10 @@ def format_summary(stats: dict[str, Any]) -> str:
     windows = stats.get("tokenizer_backend", {}).get("windows")
     if windows:
         lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))
+    io = stats.get("storage") or {}
+    if io.get("requests"):  # inputs on an object store
+        lines.append(("object storage", f"{io['requests']:,} requests ({io['retries']:,} retried, {io['failures']:,} "
+                                        f"failed), {io['bytes_read'] / 2**20:,.1f} MiB read"))
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
     sources = stats.get("sources", [])

@@ -22,6 +22,7 @@ from packfeed.service.data.plan import StreamPlan
 from packfeed.service.inputs.records import record_format
 from packfeed.service.inputs.read import RawWindow, WindowSpec, read_window
 from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, WindowStats
+from packfeed.service import storage
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 
 
@@ -38,7 +39,8 @@ def process_window(
     ``tokenizers``: one per loss mode the sources use (``plan.sources[i].loss``).
     Cost: dominated by tokenization; packing and assembling are vectorised numpy.
     """
-    raw = read_window(spec, strict=config.strict)
+    with storage.COUNTERS.tally() as io:  # this window's requests to a store (none for local files)
+        raw = read_window(spec, strict=config.strict)
     modes = _loss_modes(raw, plan)
     samples = _tokenize(raw, [(mode, tokenizers[mode]) for mode in modes], plan)
     lengths = np.diff(samples.offsets)
@@ -55,6 +57,7 @@ def process_window(
         row_order=row_order(config.seed, spec.index, packing.num_rows),
     )
     stats = window_stats(spec, raw, samples, packing, rows, plan)
+    stats.storage = io.counts
     for mode in modes if len(raw) else []:  # the back-ends that tokenized this window's samples
         stats.note_tokenizer(tokenizers[mode])
     return rows, stats

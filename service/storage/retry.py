@@ -42,8 +42,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 from packfeed.service.storage.errors import UNREACHABLE, StorageError, classify, problem
 
@@ -107,21 +108,45 @@ class StorageCounts:
         return asdict(self)
 
 
+class Tally:
+    """The counts of one thread's requests inside a ``StorageCounters.tally()`` block."""
+
+    def __init__(self) -> None:
+        self.counts = StorageCounts()
+
+
 class StorageCounters:
     """Thread-safe running ``StorageCounts`` of one process (``COUNTERS``); stats and metrics
-    read ``snapshot()``, and a difference of two snapshots is what happened in between."""
+    read ``snapshot()``, and a difference of two snapshots is what happened in between. A
+    ``tally()`` counts one thread's requests alone (a window read while other threads of the
+    process read others)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts = StorageCounts()
+        self._local = threading.local()
 
     def add(self, **deltas: int) -> None:
+        counts = StorageCounts(**deltas)
         with self._lock:
-            self._counts = self._counts + StorageCounts(**deltas)
+            self._counts = self._counts + counts
+        for tally in getattr(self._local, "tallies", ()):
+            tally.counts = tally.counts + counts
 
     def snapshot(self) -> StorageCounts:
         with self._lock:
             return self._counts
+
+    @contextmanager
+    def tally(self) -> Iterator[Tally]:
+        """``with COUNTERS.tally() as t: ...``: ``t.counts`` are this thread's requests inside."""
+        tally = Tally()
+        tallies = self._local.__dict__.setdefault("tallies", [])
+        tallies.append(tally)
+        try:
+            yield tally
+        finally:
+            tallies.remove(tally)
 
 
 COUNTERS = StorageCounters()
