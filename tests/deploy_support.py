@@ -1,4 +1,4 @@
-"""Reading deploy/ offline, for tests/unit/test_deploy.py (KubeRay) and test_deploy_image.py.
+"""Reading deploy/ offline, for tests/unit/deploy/test_deploy.py (KubeRay) and test_deploy_image.py.
 
 * ``crd_schemas(folder)``: KubeRay's CRD schemas, made strict the way ``kubectl apply`` is:
   since Kubernetes 1.27 kubectl asks the API server for strict field validation, so a field

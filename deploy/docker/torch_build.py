@@ -1,5 +1,5 @@
 """Which torch build the packfeed image gets, and the check that it got it (the Dockerfile runs
-both; tests/unit/test_deploy_image.py tests them). Standard library only: it runs before the install.
+both; tests/unit/deploy/test_deploy_image.py tests them). Standard library only: it runs before the install.
 
     python deploy/docker/torch_build.py index VARIANT               # prints the extra index ('' = PyPI only)
     python deploy/docker/torch_build.py verify VARIANT RAY_VERSION  # after the install; exit 1 saying why

@@ -13,7 +13,7 @@ first), with a ChatML chat template that has no generation markers.
 The tokenizer splits text with Qwen2's pre-tokenizer regex (``PRETOKENIZER_PATTERN``) rather
 than the GPT-2 default of a bare ``ByteLevel`` pre-tokenizer, because that is a grammar the
 fast back-end (quicktok) has a scanner for: the quick start then packs on the fast path, and
-``tests/unit/test_tokenize_backend.py`` proves the bundled tokenizer passes its checks.
+``tests/unit/service/tokenize/test_tokenize_backend.py`` proves the bundled tokenizer passes its checks.
 """
 
 from __future__ import annotations

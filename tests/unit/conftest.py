@@ -1,6 +1,7 @@
 """Unit tests are pure: starting Ray or opening a socket here fails loudly.
 
-Tests that need real components belong in tests/integration (STYLE.md 9).
+Tests that need real components (Ray, a server on 127.0.0.1, an S3 server) belong in
+tests/integration. The folders mirror the packages: client/, service/<stage>/, trainer/, deploy/.
 """
 
 import socket

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from store_fixtures import keys, memory_store  # noqa: F401 - the fixture "store"
 
 from packfeed.client.rows import PackedRows, check_rows
 from packfeed.service.packed.writer import META_DIR, ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
@@ -134,3 +135,136 @@ def test_a_packed_directory_with_damaged_metadata_is_named(tmp_path, stats):
     (tmp_path / "o" / META_DIR / "stats.json").write_bytes(stats)
     with pytest.raises(ValueError, match="stats.json is not a valid JSON object.*pack the directory again"):
         packed_dir_info(tmp_path / "o")
+
+
+# ---- on an object store (store_fixtures: the storage layer's URI path, no socket) ----------------
+def test_a_packed_output_on_a_store_is_the_local_one_byte_for_byte(tmp_path, store):
+    from packfeed.service import storage
+
+    local, remote = tmp_path / "pack", f"{store}/pack"
+    for out in (local, remote):
+        w = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
+        w.rows_per_group, w.rows_per_file = 2, 4  # several row groups and files
+        w.write(rows(0, 5))
+        w.write(rows(5, 4))
+        w.close(config={"data": {"seq_len": SEQ}, "config_hash": "abc"}, stats={"rows": 9})
+    assert keys(remote) == sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    for name in keys(remote):
+        assert storage.read_bytes(f"{remote}/{name}") == (local / name).read_bytes(), name
+    assert packed_dir_info(remote) == packed_dir_info(local)
+    a, b = read_packed_dir(local), read_packed_dir(remote)
+    for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+
+
+@pytest.mark.parametrize("secret_uri", [
+    "s3://AKIAEXAMPLE:wJalrSECRET@bucket/corpus/*.jsonl",
+    "https://host/corpus.jsonl?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIAEXAMPLE",
+    "abfss://container@acct.dfs.core.windows.net/c.jsonl?sig=SECRETSIG",
+])
+def test_config_json_never_holds_a_credential(store, secret_uri):
+    from packfeed.service import storage
+
+    out = f"{store}/pack"
+    ParquetRowWriter(out, seq_len=SEQ, config_hash="abc").close(
+        config={"data": {"sources": [{"paths": [secret_uri]}]}}, stats={"rows": 0})
+    text = storage.read_bytes(f"{out}/{META_DIR}/config.json").decode()
+    assert "SECRET" not in text and "AKIAEXAMPLE" not in text, text
+    assert "corpus" in text or "c.jsonl" in text, "the location itself is kept"
+
+
+def test_an_unfinished_output_on_a_store_never_looks_complete(store):
+    out = f"{store}/pack"
+    w = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
+    w.rows_per_group = w.rows_per_file = 5
+    with pytest.raises(ValueError, match=rf"^{out} is incomplete: .* no part file yet"):
+        packed_dir_info(out)
+    w.write(rows(0, 8))  # part-00000 done, part-00001 being written: a crash now
+    with pytest.raises(ValueError, match=rf"^{out} is incomplete: .* lacks \.packfeed/config\.json"):
+        packed_dir_info(out)
+    w.close(config={"data": {"seq_len": SEQ}}, stats={"rows": 8}, status="failed: nothing was packed")
+    with pytest.raises(ValueError, match="unfinished or failed packfeed output"):
+        packed_dir_info(out)
+    assert packed_dir_info(f"{store}/elsewhere") is None and packed_dir_info(f"{store}/pack/*.parquet") is None
+
+
+def test_overwrite_on_a_store_removes_only_packfeeds_keys_completion_marker_first(store, monkeypatch):
+    from packfeed.service import storage
+    from packfeed.service.packed import location
+
+    out = f"{store}/pack"
+    w = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
+    w.rows_per_group = w.rows_per_file = 3
+    w.write(rows(0, 8))  # three part files
+    w.close(config={}, stats={"rows": 8})
+    neighbours = ["pack-old/part-00000.parquet", "packx", "pack.json"]  # share the prefix's text, not its keys
+    for name in [*neighbours, f"pack/{META_DIR}/scan.npz"]:
+        storage.write_bytes_atomic(f"{store}/{name}", b"kept")
+    storage.write_bytes_atomic(f"{out}/notes.txt", b"mine")
+    with pytest.raises(ValueError, match=r"holds files packfeed did not write \(notes.txt\) next to a previous output"):
+        write(out, overwrite=True)
+    assert len(keys(out)) == 3 + 4 + 1, "a refused overwrite deletes nothing (3 parts, 4 metadata files, notes)"
+    storage.delete_prefix(out, only=lambda rel: rel == "notes.txt")  # the user moves it away
+
+    deleted = []
+    real = storage.delete_prefix
+    monkeypatch.setattr(location.storage, "delete_prefix", lambda uri, only=None: deleted.append(real(uri, only=only)))
+    write(out, overwrite=True)
+    assert deleted[0] == [f"{out}/{META_DIR}/stats.json"], "the completion marker goes first"
+    assert sorted(u for batch in deleted[1:2] for u in batch) == sorted(
+        [f"{out}/part-0000{i}.parquet" for i in range(3)] + [f"{out}/{META_DIR}/{n}" for n in ("config.json", "files.json")])
+    assert keys(out) == [f"{META_DIR}/{n}" for n in ("config.json", "files.json", "scan.npz", "stats.json")] + [
+        "part-00000.parquet"]
+    assert all(storage.read_bytes(f"{store}/{n}") == b"kept" for n in neighbours + [f"pack/{META_DIR}/scan.npz"])
+
+
+@pytest.mark.parametrize(("out", "given", "relation"), [
+    pytest.param("s3://b/corpus", "s3://b/corpus", "is", id="same-prefix"),
+    pytest.param("s3://b/corpus/packed", "s3://b/corpus/", "lies inside", id="inside-a-prefix"),
+    pytest.param("s3://b", "s3://b/corpus/a.jsonl", "contains", id="contains-an-object"),
+    pytest.param("s3://b/corpus", "s3://KEY:SECRET@b/corpus/a.jsonl", "contains", id="credentials-ignored"),
+    pytest.param("s3a://b/corpus/x", "s3://b/corpus", "lies inside", id="s3a-is-s3"),
+    pytest.param("s3://b/corpus/packed", "s3://b/corpus/**/*.parquet", "lies inside", id="glob-would-read-the-parts"),
+    pytest.param("s3://b/corpus/packed", "s3://b/corpus/*", "lies inside", id="glob-matches-the-output-prefix"),
+    pytest.param("s3://b/corpus", "s3://b/corpus/*.jsonl", "contains", id="output-is-the-glob-base"),
+    pytest.param("s3://b", "s3://b/c/*/x.jsonl", "contains", id="output-above-the-glob"),
+    pytest.param("s3://b/corpus/packed", "s3://b/corpus/*.jsonl", None, id="glob-never-reads-the-output"),
+    pytest.param("s3://b/corpus/packed", "s3://b/corpus/**/*.jsonl", None, id="recursive-glob-of-other-files"),
+    pytest.param("s3://b/corpus-2", "s3://b/corpus/*.jsonl", None, id="sibling-sharing-the-text"),
+    pytest.param("s3://b/corpus-2", "s3://b/corpus", None, id="sibling-of-a-prefix"),
+    pytest.param("s3://other/corpus", "s3://b/corpus", None, id="other-bucket"),
+    pytest.param("gs://b/corpus", "s3://b/corpus", None, id="other-store"),
+    pytest.param("/b/corpus", "s3://b/corpus", None, id="local-output-remote-input"),
+])
+def test_an_output_over_an_input_uri_is_refused(out, given, relation):
+    from packfeed.service.packed.location import check_not_over_inputs
+
+    if relation is None:
+        check_not_over_inputs(out, [given])
+        return
+    with pytest.raises(ValueError, match=rf"^--output {out} {relation} the input ") as err:
+        check_not_over_inputs(out, [given])
+    assert "SECRET" not in str(err.value)
+
+
+def test_the_scan_manifest_kept_in_the_output_is_written_only_once_the_output_is(store, monkeypatch):
+    from packfeed.service import storage
+    from packfeed.service.packed import location
+
+    out = f"{store}/pack"
+    written = []
+    real = storage.write_bytes_atomic
+    monkeypatch.setattr(location.storage, "write_bytes_atomic", lambda uri, data: (written.append(uri), real(uri, data)))
+    with pytest.raises(RuntimeError):
+        with location.kept_scan(out) as (copy, write_back):
+            Path(copy).write_bytes(b"scan v1")  # what build_plan writes
+            raise RuntimeError("a check failed before the output was written")
+    assert written == [] and keys(store) == []
+    kept = f"{out}/{META_DIR}/scan.npz"
+    for before, after, writes in ((None, b"scan v1", [kept]), (b"scan v1", b"scan v1", []), (b"scan v1", b"v2", [kept])):
+        written.clear()
+        with location.kept_scan(out) as (copy, write_back):
+            assert (Path(copy).read_bytes() if os.path.exists(copy) else None) == before  # what the plan reads
+            Path(copy).write_bytes(after)  # what the plan writes
+            write_back()  # the output is being written
+        assert written == writes and storage.read_bytes(kept) == after

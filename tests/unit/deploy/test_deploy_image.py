@@ -19,7 +19,7 @@ from packaging.specifiers import SpecifierSet
 
 from deploy_support import constraint_pins, dockerfile_instructions, dockerignored
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCKER = REPO / "deploy" / "docker"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 RAY = constraint_pins(REPO / "constraints.txt")["ray"]

@@ -51,7 +51,7 @@ from packfeed.service.commands.args import data_config_from_args, load_config_fi
 from packfeed.trainer.cli import run_config_from_args
 from packfeed.trainer.placement import check_placement
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 K8S = Manifests(REPO / "deploy" / "k8s")
 DOCKER = REPO / "deploy" / "docker"
 CRD_DIR = REPO.parent / "shared" / "k8s"

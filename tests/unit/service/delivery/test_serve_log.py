@@ -1,7 +1,7 @@
 """``packfeed serve``'s log lines that summarise state: each says what is true.
 
 The status line's consumer part (the hub's lag is negative while consumers wait for rows not
-made yet; tests/unit/test_hub.py drives a real hub into both signs) and the last line (no Ray
+made yet; tests/unit/service/delivery/test_hub.py drives a real hub into both signs) and the last line (no Ray
 shut down where none was started: a packed directory is served without Ray, end to end in
 tests/integration/test_metrics.py).
 """

@@ -34,7 +34,7 @@ from deploy_support import (
 from packfeed.service.commands.args import data_config_from_args
 from packfeed.service.storage import scheme_of
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 K8S = Manifests(REPO / "deploy" / "k8s")
 DOCKER = REPO / "deploy" / "docker"
 JOBS = K8S.jobs

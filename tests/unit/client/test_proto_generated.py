@@ -6,7 +6,7 @@ import importlib.util
 import pathlib
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _generator():
