@@ -9,16 +9,25 @@ Layout of one checkpoint directory::
                            (client StreamState's record: cursor, step, config hash, seq_len),
                            "manifest": window first rows (delivery/manifest.py), "config": the run config}
 
-Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``);
-``latest_checkpoint(output)`` finds the newest one for ``--resume``.
+Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``),
+``<output>`` a local directory or a URI (``s3://bucket/runs/x``: Ray Train uploads it there);
+``latest_checkpoint(output)`` finds the newest one for ``--resume``, and ``local_copy`` brings
+one on a store to a local directory to load.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import posixpath
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from packfeed.service import storage
+from packfeed.service.storage.errors import classify
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
@@ -29,6 +38,7 @@ FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
 # renamed to FINAL_DIR, so a final/ that exists is complete.
 FINAL_PARTIAL = ".final.partial"
 FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in FINAL_DIR
+SCAN_CACHE = "scan.npz"  # the inputs' scan manifest (inputs/scan_cache.py), under --output
 
 
 def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:
@@ -62,34 +72,77 @@ def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: A
     return read_state(directory)
 
 
-def read_state(directory: Path) -> dict:
-    path = Path(directory) / STATE_FILE
+def read_state(directory: str | Path) -> dict:
+    """The trainer state of the checkpoint ``directory`` (a path or a URI)."""
+    from packfeed.trainer.run_dir import read_text
+
+    path = storage.join(os.fspath(directory), STATE_FILE)
     try:
-        return json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is damaged ({e}): resume from another checkpoint or pass --overwrite") from None
+        text = read_text(path)
+        if text is None:
+            raise ValueError("it does not exist")
+        return json.loads(text)
+    except storage.StorageError:
+        raise  # the store failed: its own line
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
+        raise ValueError(f"{storage.display(path)} is damaged ({e}): resume from another checkpoint or pass "
+                         "--overwrite") from None
 
 
-def latest_checkpoint(output: Path) -> Path | None:
-    """The checkpoint a resumed run starts from, or None: the latest one Ray Train registered
-    (its snapshot; what ``ray.train.get_checkpoint()`` gives the workers of a new fit), so that
-    a checkpoint whose upload was cut short is never picked; without a snapshot, the one with
-    the most completed steps."""
-    run_dir = Path(output, RUN_NAME)
-    if (run_dir / RAY_SNAPSHOT).exists():
+def latest_checkpoint(output: str | Path) -> str | Path | None:
+    """The checkpoint a resumed run starts from (a Path, or a URI when ``output`` is one), or
+    None: the latest one Ray Train registered (its snapshot; what ``ray.train.get_checkpoint()``
+    gives the workers of a new fit), so that a checkpoint whose upload was cut short is never
+    picked; without a snapshot, the one with the most completed steps."""
+    run_dir = storage.join(os.fspath(output), RUN_NAME)
+    remote = storage.is_remote(run_dir)
+    if storage.exists(storage.join(run_dir, RAY_SNAPSHOT)):
         from ray.train import Result
 
+        from packfeed.trainer.run_dir import ray_storage
+
+        where = ray_storage(run_dir)
         ray_train = logging.getLogger("ray.train")
         level = ray_train.level
         ray_train.setLevel(logging.WARNING)  # its INFO paragraph on finding a snapshot says nothing here
         try:
-            checkpoint = Result.from_path(str(run_dir)).checkpoint
+            checkpoint = Result.from_path(where["storage_path"], where.get("storage_filesystem")).checkpoint
         finally:
             ray_train.setLevel(level)
-        return None if checkpoint is None else Path(checkpoint.path)
+        if checkpoint is None:
+            return None
+        return storage.join(run_dir, posixpath.basename(checkpoint.path.rstrip("/"))) if remote else Path(checkpoint.path)
     best, best_step = None, -1
-    for state in Path(output, RUN_NAME).glob(f"checkpoint_*/{STATE_FILE}"):
-        step = read_state(state.parent)["step"]
+    for state in _state_files(run_dir):
+        directory = state.rpartition("/")[0] if remote else Path(state).parent
+        step = read_state(directory)["step"]
         if step > best_step:
-            best, best_step = state.parent, step
+            best, best_step = directory, step
     return best
+
+
+def _state_files(run_dir: str) -> list[str]:
+    """The ``checkpoint_*/trainer_state.json`` under ``run_dir`` (on a store: one listing)."""
+    if not storage.is_remote(run_dir):
+        return [str(p) for p in Path(run_dir).glob(f"checkpoint_*/{STATE_FILE}")]
+    return [info.uri for info in storage.listing(run_dir, recursive=True)
+            if storage.match(["checkpoint_*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
+
+
+@contextlib.contextmanager
+def local_copy(checkpoint: str | Path) -> Iterator[Path]:
+    """The checkpoint as a local directory: itself on disk; on a store its files downloaded to
+    a temporary directory, removed afterwards."""
+    if not storage.is_remote(os.fspath(checkpoint)):
+        yield Path(checkpoint)
+        return
+    import pyarrow.fs as pafs
+
+    fs, inside = storage.resolve(os.fspath(checkpoint))
+    with tempfile.TemporaryDirectory(prefix="packfeed-checkpoint-") as tmp:
+        try:
+            pafs.copy_files(inside, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        except OSError as exc:
+            raise storage.StorageError(storage.display(os.fspath(checkpoint)),
+                                       f"download failed ({classify(exc).detail})") from None
+        yield Path(tmp)

@@ -12,7 +12,6 @@ checkpoint (exit 143 / 130; ``packfeed.trainer.run``): continue it with ``--resu
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from packfeed.service.commands.args import (
     add_data_arguments,
@@ -44,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--packing-workers", type=int, help="packing actors (default from [scaling], 1)")
     t.add_argument("--max-failures", type=int, help="worker-group restarts from the last checkpoint (default 1)")
     o = parser.add_argument_group("output")
-    o.add_argument("--output", type=Path,
-                   help="checkpoints, metrics.jsonl, loss.png, final/ (default: [output] dir, else runs/train)")
+    o.add_argument("--output",
+                   help="directory or URI (s3://bucket/prefix) for checkpoints, metrics.jsonl, loss.png, final/ "
+                        "(default: [output] dir, else runs/train)")
     mode = o.add_mutually_exclusive_group()
     mode.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
                       help="continue from the latest checkpoint in --output (a finished run is left as it is, exit 0); "
@@ -95,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
     directory = base.get("output", {}).get("dir", "runs/train")
     if not isinstance(directory, str) or not directory:
         raise ValueError(f"[output] dir must be a directory path, got {directory!r}")
-    output = resolve_output(args.output or Path(directory))
+    output = resolve_output(args.output or directory)  # a path or a URI (s3://bucket/runs/x)
     train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
     return 0

@@ -11,17 +11,21 @@ into one record (rank 0 writes it). Figures, each over the interval since the la
 - ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
   against the GPU's dense bf16 peak), None on CPU or an unknown GPU.
 
-Cost: one all_reduce of 2 numbers per interval, O(1) per step otherwise.
+Cost: one all_reduce of 2 numbers per interval, O(1) per step otherwise. The files may be on an
+object store (``--output s3://...``): run_dir.py says what that costs.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from packfeed.service import storage
 
 # Dense bf16 peak FLOP/s by device-name substring.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
@@ -78,27 +82,36 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
     )
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """One record more in ``path``: a line appended on disk; on an object store (a URI), which
+    cannot append, the object written whole again (a GET and a PUT: records are small and a
+    few per minute)."""
+    if storage.is_remote(os.fspath(path)):
+        _write_jsonl(path, [*read_jsonl(path), record])
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
-def keep_records_until(path: Path, step: int) -> None:
+def keep_records_until(path: str | Path, step: int) -> None:
     """Drop the records of steps after ``step`` (a run resumed or restarted from the checkpoint
     of ``step`` trains them again: the curve and the summary count each step once)."""
     records = read_jsonl(path)
     kept = [r for r in records if r["step"] <= step]
     if len(kept) < len(records):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        _write_jsonl(path, kept)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
+    storage.write_bytes_atomic(os.fspath(path), "".join(json.dumps(r) + "\n" for r in records).encode())
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    from packfeed.trainer.run_dir import read_text
+
+    text = read_text(os.fspath(path))
+    return [] if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,8 +131,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def plot_loss(records: list[dict[str, Any]], path: Path) -> None:
-    """Loss against step as a PNG (matplotlib, Agg back-end)."""
+def plot_loss(records: list[dict[str, Any]], path: str | Path) -> None:
+    """Loss against step as a PNG (matplotlib, Agg back-end), at a path or a URI."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,5 +145,7 @@ def plot_loss(records: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("packfeed train")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
+    storage.write_bytes_atomic(os.fspath(path), image.getvalue())

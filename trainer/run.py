@@ -9,10 +9,12 @@ A train worker that dies (SIGKILL, OOM) is restarted by Ray Train (``[train] max
 from the latest checkpoint; the feeder, owned by the driver, serves the restarted ranks the
 same rows for the same steps.
 
-``train(run, output=...)`` returns the summary dict and writes, under ``output``:
-``metrics.jsonl``, ``loss.png``, ``summary.json``, Ray Train's checkpoints under ``ray/``,
-and the final model under ``final/`` (``from_pretrained`` loads it, with the tokenizer), which
-appears whole or not at all (written aside, then renamed).
+``train(run, output=...)`` returns the summary dict and writes, under ``output`` (a local
+directory or a URI such as ``s3://bucket/runs/demo``: run_dir.py says what goes where and at
+what cost): ``metrics.jsonl``, ``loss.png``, ``summary.json``, Ray Train's checkpoints under
+``ray/``, and the final model under ``final/`` (``from_pretrained`` loads it, with the
+tokenizer), which appears whole or not at all (written aside, then published). The inputs'
+scan manifest is kept there too (``scan.npz``): a resume reads no input to plan.
 
 SIGTERM or SIGINT stop a run in order (``trainer/stopping.py``): ``trainer.fit()`` runs in a
 thread while the main thread waits in short slices; the first signal asks the feeder to stop
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from packfeed.client.state import StreamState
-from packfeed.service import faults
+from packfeed.service import faults, storage
 from packfeed.service.pipeline.stats import run_failure
 from packfeed.trainer.checkpoint import (
     FINAL_DIR,
@@ -40,23 +42,34 @@ from packfeed.trainer.checkpoint import (
     FINAL_STATE,
     MANIFEST_FILE,
     RUN_NAME,
+    SCAN_CACHE,
     latest_checkpoint,
     read_state,
 )
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import RowFeeder
 from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
+from packfeed.trainer.run_dir import (
+    FINAL_OLD,
+    holds,
+    location,
+    path,
+    publish_final,
+    ray_storage,
+    read_text,
+    remove,
+    write_json,
+)
 from packfeed.trainer.stopping import StopSignals
 
 logger = logging.getLogger(__name__)
 
-FINAL_OLD = ".final.old"  # the previous final/ while a new one takes its place
 WAIT_SLICE_S = 0.2  # how long the main thread waits at a time for fit(): the delay of a signal
 
 
-def train(run: RunConfig, *, output: Path, address: str | None = None, resume: bool | str = False,
+def train(run: RunConfig, *, output: str | Path, address: str | None = None, resume: bool | str = False,
           overwrite: bool = False) -> dict[str, Any]:
-    """Train ``run``; see the module docstring for what lands in ``output``.
+    """Train ``run``; see the module docstring for what lands in ``output`` (a path or a URI).
 
     Raises ValueError when ``output`` already holds a run and neither ``resume`` (continue
     from its latest checkpoint, on exactly the rows an uninterrupted run would see next;
@@ -71,11 +84,11 @@ def train(run: RunConfig, *, output: Path, address: str | None = None, resume: b
     A second signal, or one before training starts, raises at once.
     """
     with StopSignals() as signals:
-        return _train(run, output=Path(output).resolve(), address=address, resume=resume, overwrite=overwrite,
+        return _train(run, output=location(output), address=address, resume=resume, overwrite=overwrite,
                       signals=signals)
 
 
-def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | str, overwrite: bool,
+def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: bool | str, overwrite: bool,
            signals: StopSignals) -> dict[str, Any]:
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
@@ -90,20 +103,22 @@ def _train(run: RunConfig, *, output: Path, address: str | None, resume: bool | 
                                backend=run.data.tokenizer_backend)
     packed = find_packed_dir(run.data.inputs)
     if packed is not None:  # pack once, train many: the rows are served as they are
-        check_packed_dir(packed.path, packed.info, run.data.seq_len, tokenizer)
+        check_packed_dir(storage.display(packed.path), packed.info, run.data.seq_len, tokenizer)
         packed_or_plan = packed
-        print(f"training on the packed directory {packed.path} as it is ({packed.num_rows:,} rows)", flush=True)
+        print(f"training on the packed directory {storage.display(packed.path)} as it is ({packed.num_rows:,} rows)",
+              flush=True)
     else:
-        packed_or_plan = build_plan(run.data)
+        packed_or_plan = build_plan(run.data, scan_cache=path(output, SCAN_CACHE))
     if state is not None:
         check_resume(state, run, packed=None if packed is None else packed.info,
                      plan=packed_or_plan if packed is None else None)
         done = finished(state, run)
         if done is not None:
-            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", output, done[0], resume_from, done[1])
+            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", storage.display(str(output)), done[0],
+                        storage.display(str(resume_from)), done[1])
             return _saved_summary(output, state)
-        print(f"resuming from {resume_from} at step {state['step']}, stream cursor {state['stream']['cursor']}",
-              flush=True)
+        print(f"resuming from {storage.display(str(resume_from))} at step {state['step']}, stream cursor "
+              f"{state['stream']['cursor']}", flush=True)
     check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
     if packed is None:  # as pack and serve: what the inputs hold, the chat template on them
         check_inputs(packed_or_plan, tokenizer)
@@ -128,10 +143,10 @@ def finished(state: dict, run: RunConfig) -> tuple[str, str] | None:
     return None
 
 
-def _saved_summary(output: Path, state: dict) -> dict[str, Any]:
+def _saved_summary(output: str | Path, state: dict) -> dict[str, Any]:
     """The summary a finished run wrote (``{"steps": ...}`` of its checkpoint when it has none)."""
-    path = output / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else {"steps": int(state["step"])}
+    text = read_text(path(output, "summary.json"))
+    return json.loads(text) if text is not None else {"steps": int(state["step"])}
 
 
 def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any) -> None:
@@ -166,7 +181,7 @@ def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> Non
                          f"{tokenizer.pad_id}): use the same tokenizer")
 
 
-def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, resume_from: Path | None,
+def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | Path, resume_from: str | Path | None,
          state: dict | None, signals: StopSignals, clear_previous=None) -> dict[str, Any]:
     import ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
@@ -183,9 +198,12 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
     signals.check()  # a stop asked until now leaves the previous run as it was
     if clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
         clear_previous()
-    output.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(output / FINAL_PARTIAL, ignore_errors=True)  # a run cut short while writing it
-    (output / "config.json").write_text(json.dumps(run.to_dict(), indent=1))
+    if storage.is_remote(str(output)):
+        storage.delete_prefix(path(output, FINAL_PARTIAL))  # a run cut short while writing it
+    else:
+        output.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(output / FINAL_PARTIAL, ignore_errors=True)
+    write_json(path(output, "config.json"), run.to_dict())
     world = run.scaling.num_workers
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
@@ -211,7 +229,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
             label_selector=placement.trainer or None,
         ),
         run_config=RayRunConfig(
-            name=RUN_NAME, storage_path=str(output),
+            name=RUN_NAME, **ray_storage(output),
             checkpoint_config=CheckpointConfig(num_to_keep=run.train.keep_checkpoints),
             failure_config=FailureConfig(max_failures=run.train.max_failures),
             # the controller's and workers' INFO lines (resources requested, worker group started,
@@ -222,7 +240,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
     start_step = 0 if state is None else int(state["step"])
     print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
           f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
-          f"steps {start_step}->{run.train.last_step} -> {output}", flush=True)
+          f"steps {start_step}->{run.train.last_step} -> {storage.display(str(output))}", flush=True)
     signals.check()
     started = time.perf_counter()
     _fit_until_done_or_stopped(trainer, feeder, signals, start_step)
@@ -230,7 +248,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
     total_rows = ray.get(feeder.total_rows.remote())
     ray.kill(feeder)
 
-    records = read_jsonl(output / "metrics.jsonl")
+    records = read_jsonl(path(output, "metrics.jsonl"))
     summary = summarize(records)
     summary["wall_seconds"] = time.perf_counter() - started
     summary["packing"] = {k: packing.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
@@ -238,9 +256,9 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
         summary["packing"]["sources"] = packing["sources"]
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
     summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted
-    if signals.requested and not (output / FINAL_PARTIAL / FINAL_STATE).exists():
+    if signals.requested and not storage.exists(path(output, FINAL_PARTIAL, FINAL_STATE)):
         _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
-    final_step = _publish_final(output, tokenizer)
+    final_step = publish_final(output, tokenizer)
     summary["final_step"] = final_step
     if final_step < run.train.last_step:
         summary["stopped_early"] = (
@@ -249,19 +267,19 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: Path, r
             "raise [data] epochs (or lower max_steps)"
         )
         print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
-    summary["final_model"] = str(output / FINAL_DIR)
+    summary["final_model"] = storage.display(path(output, FINAL_DIR))
     if records:
-        plot_loss(records, output / "loss.png")
+        plot_loss(records, path(output, "loss.png"))
     # the windows this run's reader packed (none: a packed directory, or a finished run resumed)
     failure = run_failure(packing, run.data.max_skip_fraction) if packing.get("samples_read") else None
     if failure is not None:  # as pack does: the model trained, but on what the user ruled out
         summary["failed"] = failure
-    (output / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(path(output, "summary.json"), summary)
     print(format_summary(summary), flush=True)
     if failure is not None:
         raise ValueError(failure)
     if signals.requested:
-        logger.info("%s came as the run ended: it is complete (%s)", signals.name, output / FINAL_DIR)
+        logger.info("%s came as the run ended: it is complete (%s)", signals.name, summary["final_model"])
         raise signals.exception()
     return summary
 
@@ -309,35 +327,19 @@ def _fit_until_done_or_stopped(trainer: Any, feeder: Any, signals: StopSignals, 
         raise failure[0]
 
 
-def _stopped(run: RunConfig, output: Path, summary: dict[str, Any], records: list, signals: StopSignals) -> NoReturn:
+def _stopped(run: RunConfig, output: str | Path, summary: dict[str, Any], records: list, signals: StopSignals) -> NoReturn:
     """A run stopped by a signal: write what is true (the summary marked ``stopped``, the loss
     curve), say where it stopped and how to continue, and raise the signal's exception."""
     checkpoint = latest_checkpoint(output)  # the stop step's: every rank trained at least one step
     step = int(read_state(checkpoint)["step"])
-    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": str(checkpoint)}
+    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": storage.display(str(checkpoint))}
     if records:
-        plot_loss(records, output / "loss.png")
-    (output / "summary.json").write_text(json.dumps(summary, indent=1))
+        plot_loss(records, path(output, "loss.png"))
+    write_json(path(output, "summary.json"), summary)
     print(format_summary(summary), flush=True)
     logger.info("stopped at step %d of %d (%s): checkpoint %s; continue with `packfeed train ... --resume` (the same "
-                "config and --output)", step, run.train.last_step, signals.name, checkpoint)
+                "config and --output)", step, run.train.last_step, signals.name, summary["stopped"]["checkpoint"])
     raise signals.exception()
-
-
-def _publish_final(output: Path, tokenizer: Any) -> int:
-    """Complete the final model the workers wrote aside (``FINAL_PARTIAL``) with the tokenizer
-    and rename it to ``final/``, so a ``final/`` that exists is whole; returns its step count.
-    A previous ``final/`` (a run stopped at ``stop_at_step``, resumed) is renamed away first:
-    deleted in place, it would be half a model for a while."""
-    partial, final, old = output / FINAL_PARTIAL, output / FINAL_DIR, output / FINAL_OLD
-    step = int(json.loads((partial / FINAL_STATE).read_text())["step"])
-    tokenizer.tokenizer.save_pretrained(partial)
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-    return step
 
 
 class StreamFeeder(RowFeeder):
@@ -353,7 +355,7 @@ class StreamFeeder(RowFeeder):
         quiet_ray()
         faults.adopt(faults_env)
         stream = open_stream(packed_or_plan, config, scaling=scaling)
-        manifest = load_manifest(stream.manifest_key, Path(output) / MANIFEST_FILE, saved_manifest)
+        manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)
         stream.seed_manifest(manifest)
         super().__init__(
             stream.open_reader, manifest, seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
@@ -385,12 +387,12 @@ def _outcome(summary: dict[str, Any]) -> tuple[str, str]:
     return "stopped", f"by {stopped['signal']} at step {stopped['step']}: resume from {stopped['checkpoint']}"
 
 
-def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool):
+def _prepare_output(output: str | Path, *, resume: bool | str, overwrite: bool):
     """(the checkpoint to resume from or None, a function that clears the previous run or None).
     The caller clears only once every other check has passed: a mistake never costs a run.
     ``resume="auto"`` resumes when there is a checkpoint, and otherwise starts afresh (clearing
     what an attempt that died before its first checkpoint left)."""
-    has_run = (output / RUN_NAME).exists() or (output / "metrics.jsonl").exists()
+    has_run = holds(output, RUN_NAME) or holds(output, "metrics.jsonl")
     found = latest_checkpoint(output) if resume else None
     if resume == "auto":
         if found is not None:
@@ -399,20 +401,16 @@ def _prepare_output(output: Path, *, resume: bool | str, overwrite: bool):
     elif resume:
         if found is None:
             fix = "pass --overwrite (or --resume auto) to start it again" if has_run else "run without --resume first"
-            raise ValueError(f"--resume: no checkpoint under {output / RUN_NAME}; {fix}")
+            raise ValueError(f"--resume: no checkpoint under {storage.display(path(output, RUN_NAME))}; {fix}")
         return found, None
     if not has_run:
         return None, None
     if not overwrite:
-        raise ValueError(f"{output} already holds a training run: pass --resume to continue it or --overwrite")
+        raise ValueError(f"{storage.display(str(output))} already holds a training run: pass --resume to continue it "
+                         "or --overwrite")
 
-    def clear() -> None:
-        for name in (RUN_NAME, FINAL_DIR, FINAL_PARTIAL, FINAL_OLD, "rows", "metrics.jsonl", "summary.json", "loss.png",
-                     MANIFEST_FILE):
-            path = output / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+    def clear() -> None:  # the run's files, not the scan manifest: it describes the inputs
+        remove(output, (RUN_NAME, FINAL_DIR, FINAL_PARTIAL, FINAL_OLD, "rows", "metrics.jsonl", "summary.json",
+                        "loss.png", MANIFEST_FILE))
 
     return None, clear

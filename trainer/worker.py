@@ -9,7 +9,8 @@ requested, so packing overlaps compute; padding rows already fill the last step)
 Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
 every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
 (rank 0 with the checkpoint). At the end rank 0 saves the model into ``<output>/.final.partial``,
-which the driver completes with the tokenizer and renames to ``final/``.
+which the driver completes with the tokenizer and publishes as ``final/`` (run_dir.py: on disk or
+on an object store).
 
 When the driver stops the run (SIGTERM, SIGINT), the feeder answers ``STOP`` for the same step
 on every rank: each rank checkpoints the steps it completed (unless that step was just
@@ -18,10 +19,8 @@ checkpointed) and returns without a final model.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -30,12 +29,13 @@ from typing import Any
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service import faults
-from packfeed.trainer.checkpoint import FINAL_PARTIAL, FINAL_STATE, load_checkpoint, save_checkpoint
+from packfeed.trainer.checkpoint import load_checkpoint, local_copy, save_checkpoint
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import STOP
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model import build_model, flops_per_token
 from packfeed.trainer.optim import build_optimizer
+from packfeed.trainer.run_dir import path, save_final_model
 from packfeed.trainer.step import train_step
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def train_loop_per_worker(config: dict) -> None:
     if device.type == "cpu":
         # Workers share the CPUs with the packing actors: one intra-op thread each.
         torch.set_num_threads(max(1, int(run.scaling.cpus_per_worker)))
-    output = Path(config["output"])
+    output = config["output"]  # a local directory or a URI
     feeder = config["feeder"]
 
     model = build_model(run.model, vocab_size=config["vocab_size"], device=device, seed=train.seed)
@@ -69,7 +69,8 @@ def train_loop_per_worker(config: dict) -> None:
         with checkpoint.as_directory() as directory:
             step = int(load_checkpoint(Path(directory), model=model, optimizer=optimizer, scheduler=scheduler)["step"])
     elif config.get("resume_from"):
-        step = int(load_checkpoint(Path(config["resume_from"]), model=model, optimizer=optimizer, scheduler=scheduler)["step"])
+        with local_copy(config["resume_from"]) as directory:
+            step = int(load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler)["step"])
     ddp = ray.train.torch.prepare_model(model)
     autocast = _autocast_dtype(train.precision, device)
     fpt = flops_per_token(model, seq_len)
@@ -78,7 +79,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     last, start_step = train.last_step, step
     if rank == 0:
-        keep_records_until(output / "metrics.jsonl", start_step)
+        keep_records_until(path(output, "metrics.jsonl"), start_step)
     pending = feeder.get_step.remote(rank, step) if step < last else None
     window = MetricsWindow()
     lr = float(optimizer.param_groups[0]["lr"])
@@ -105,7 +106,7 @@ def train_loop_per_worker(config: dict) -> None:
         window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
                    slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait)
         if train.record_rows:
-            append_jsonl(output / "rows" / f"rank{rank}.jsonl", {
+            append_jsonl(path(output, "rows", f"rank{rank}.jsonl"), {
                 "step": step, "rank": rank, "loss": result.loss, "pid": os.getpid(),
                 "row_index": [int(i) for r in rows for i in r.row_index],
                 "sample_ids": [int(s) for r in rows for s in r.sample_ids if s != PAD_SAMPLE_ID],
@@ -123,18 +124,10 @@ def train_loop_per_worker(config: dict) -> None:
         # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
         _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=float("nan"))
     if rank == 0 and not stopped:
-        _save_final_model(model, output / FINAL_PARTIAL, step)
+        save_final_model(model, output, step)
 
 
-def _save_final_model(model: Any, directory: Path, step: int) -> None:
-    """The final model into ``directory`` (emptied first: a group restarted by Ray Train may have
-    left half a model there), ``FINAL_STATE`` last: it says the model is whole."""
-    shutil.rmtree(directory, ignore_errors=True)
-    model.save_pretrained(directory)
-    (directory / FINAL_STATE).write_text(json.dumps({"step": step}))
-
-
-def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: Path, max_steps: int, device: Any,
+def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str, max_steps: int, device: Any,
          flops_per_token: float, peak_total: float | None) -> None:
     """Close a metrics interval on every rank (one all_reduce); rank 0 writes and prints it."""
     import torch
@@ -146,7 +139,7 @@ def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: Path
     record = window.close(step=step, lr=lr, world_totals=(int(totals[0]), int(totals[1])),
                           flops_per_token=flops_per_token, peak_flops_total=peak_total)
     if rank == 0:
-        append_jsonl(output / "metrics.jsonl", record)
+        append_jsonl(path(output, "metrics.jsonl"), record)
         logger.info(progress_line(record, max_steps))
 
 

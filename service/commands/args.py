@@ -152,9 +152,13 @@ def absolute_paths(config: DataConfig) -> DataConfig:
     directory, read them as given, and ``.packfeed/config.json`` records them."""
     import dataclasses
 
+    from packfeed.service.storage import is_remote
+
     base = user_dir()
 
     def local(path: str) -> str:
+        if is_remote(path):  # a URI (s3://b/x/*.jsonl) is read as given
+            return path
         full = os.path.abspath(base / path)  # an absolute path stays as it is
         return full if not os.path.isabs(path) and (os.path.exists(full) or glob_like(path)) else path
 
@@ -213,11 +217,16 @@ def parse_pairs(items: list[str], flag: str, cast: Any) -> dict:
     return out
 
 
-def resolve_output(path: Path, flag: str = "--output") -> Path:
-    """An absolute output path. A relative one is taken from where the user ran the command:
-    the current directory, or in a Ray job (where the current directory is Ray's temporary copy
-    of the working dir) the submitting directory that deploy/local/submit.sh passes; without
-    it, a relative path in a Ray job is refused (its files would vanish with the copy)."""
+def resolve_output(path: str | Path, flag: str = "--output") -> str | Path:
+    """An absolute output path, or a URI as it is (``s3://bucket/prefix``). A relative path is
+    taken from where the user ran the command: the current directory, or in a Ray job (where the
+    current directory is Ray's temporary copy of the working dir) the submitting directory that
+    deploy/local/submit.sh passes; without it, a relative path in a Ray job is refused (its
+    files would vanish with the copy)."""
+    from packfeed.service.storage import is_remote
+
+    if is_remote(os.fspath(path)):
+        return os.fspath(path)
     path = Path(path).expanduser()
     if path.is_absolute():
         return path
@@ -239,10 +248,24 @@ def configure_logging(command: str, debug: bool = False) -> None:
     logger = logging.getLogger("packfeed")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(_LevelFormatter(command))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each line, not as it was when logging was set up:
+    a command run in-process (tests, a notebook) leaves no handler on a stream since closed
+    (a test's captured stderr) for the client's lines that follow."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 class _LevelFormatter(logging.Formatter):

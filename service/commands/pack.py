@@ -2,12 +2,14 @@
 
     packfeed pack INPUT... --tokenizer T --seq-len L --output DIR [data flags]
     packfeed pack --config data.toml --output DIR
+    packfeed pack 's3://bucket/corpus/*.jsonl' --tokenizer T --seq-len L --output s3://bucket/packed
 
 The flags (and the config file) make a DataConfig and the packing actors' PackingScaling;
 ``service/pipeline/pack.py`` (``run_pack``) does the rest. Before Ray starts: the config, the
-plan (every input scanned), the output directory, the tokenizer, and a probe of every input's
-first rows (formats detected, a source with no valid sample refused); a previous output is
-removed (``--overwrite``) only once all of them passed. Then the rows stream into DIR with
+output location (never over an input), the plan (every input scanned, or the scan the output
+kept reused), the tokenizer, and a probe of every input's first rows (formats detected, a
+source with no valid sample refused); a previous output is removed (``--overwrite``) only once
+all of them passed. DIR may be a URI: the rows and metadata are written to the store. Then the rows stream into DIR with
 progress, and the run ends with the packing report. It exits non-zero, saying why, when
 nothing was packed, when a source delivered nothing, or when more than
 ``--max-skip-fraction`` of the samples read was bad.
@@ -16,7 +18,6 @@ nothing was packed, when a source delivered nothing, or when more than
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from packfeed.service.commands.args import (
     add_data_arguments,
@@ -34,7 +35,8 @@ ORDER = 0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser)
     out = parser.add_argument_group("output")
-    out.add_argument("--output", type=Path, required=True, help="directory for part-*.parquet (and .packfeed/ metadata)")
+    out.add_argument("--output", required=True,
+                     help="directory or URI (s3://bucket/prefix, gs://...) for part-*.parquet (and .packfeed/ metadata)")
     out.add_argument("--overwrite", action="store_true", help="replace a previous packfeed output in --output")
     out.add_argument("--validate", action="store_true", help="check every row against the row convention")
     out.add_argument("--progress-seconds", type=float, default=10.0, help="seconds between progress lines (no TTY)")

@@ -20,8 +20,9 @@ UNAVAILABLE and resume from their cursor), then the reader is stopped and waited
 shut down (when one was started: a packed directory needs none), in that order: exit 0, no
 process left behind. A signal during start-up ends the server the same way once it has started.
 
-The manifest (first row of each window, stream length) is kept under ``--state-dir``, so a
-restarted server resumes any cursor by packing from the window that holds it.
+The manifest (first row of each window, stream length) is kept under ``--state-dir`` (a
+directory or a URI), so a restarted server resumes any cursor by packing from the window that
+holds it, and reads no input to plan (the scan manifest is kept there too).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import os
 from pathlib import Path
 
 from packfeed.client.transport import TOKEN_ENV, resolve_token
+from packfeed.service import storage
 from packfeed.service.commands.args import (
     add_data_arguments,
     data_config_from_args,
@@ -66,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="concurrent streams; more get RESOURCE_EXHAUSTED (Describe and health are never refused)")
     net.add_argument("--idle-timeout-seconds", type=float, default=120.0,
                      help="a consumer that asks for nothing this long stops holding the reader back")
-    net.add_argument("--state-dir", type=Path, default=None,
-                     help="where the stream manifest is kept across restarts (default $XDG_CACHE_HOME/packfeed/serve, "
-                          "else ~/.cache/packfeed/serve)")
+    net.add_argument("--state-dir", default=None,
+                     help="directory or URI (s3://bucket/prefix) where the stream and scan manifests are kept across "
+                          "restarts (default $XDG_CACHE_HOME/packfeed/serve, else ~/.cache/packfeed/serve)")
     net.add_argument("--grace-seconds", type=float, default=10.0, help="how long SIGTERM waits for in-flight batches")
     net.add_argument("--progress-seconds", type=float, default=30.0, help="seconds between serving status lines")
     net.add_argument("--exit-on-failure", action="store_true",
@@ -160,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
         scaling = packing_from_args(args, base)
     state_dir = resolve_output(args.state_dir, "--state-dir") if args.state_dir else (
         Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "packfeed" / "serve")
-    try:
-        Manifest("probe", state_dir / "probe.json").check_writable()
+    try:  # on a store a failure is a StorageError: one line naming the URI, without credentials
+        Manifest("probe", storage.join(os.fspath(state_dir), "probe.json")).check_writable()
     except OSError as e:
         raise ValueError(f"--state-dir {state_dir}: cannot write the stream manifest there ({e.strerror or e})") from None
     options = ServeOptions(
@@ -180,12 +182,14 @@ def _check_packed_flags(args: argparse.Namespace, packed) -> None:
                     "block_samples")
     given = [f"--{f.replace('_', '-')}" for f in stream_flags if getattr(args, f) is not None]
     if given or args.config is not None:
-        raise ValueError(f"{packed.path} is a packed directory, served as it is: {', '.join(given) or '--config'} "
-                         "cannot change its rows (pack again with them)")
+        raise ValueError(f"{storage.display(packed.path)} is a packed directory, served as it is: "
+                         f"{', '.join(given) or '--config'} cannot change its rows (pack again with them)")
     if args.seq_len is not None and args.seq_len != packed.seq_len:
-        raise ValueError(f"{packed.path} holds rows of {packed.seq_len} tokens, not --seq-len {args.seq_len}")
+        raise ValueError(f"{storage.display(packed.path)} holds rows of {packed.seq_len} tokens, not --seq-len "
+                         f"{args.seq_len}")
     _check_batch_bytes(args.max_batch_rows, packed.seq_len)
-    logger.info("serving the packed directory %s as it is (%s rows)", packed.path, f"{packed.num_rows:,}")
+    logger.info("serving the packed directory %s as it is (%s rows)", storage.display(packed.path),
+                f"{packed.num_rows:,}")
 
 
 def _check_batch_bytes(max_batch_rows: int, seq_len: int) -> None:

@@ -1,10 +1,11 @@
-"""Manifest: the global index of each window's first row, kept on disk, so a resume is cheap.
+"""Manifest: the global index of each window's first row, kept on disk or on an object store,
+so a resume is cheap.
 
 The hub (hub.py) starts its main reader, and its catch-up path packs, at the latest window known
 to start at or before the row wanted (``locate``). The file is a cache of what packing learns
 anyway: losing it costs packing time, never rows.
 
-Standard library only.
+A URI (``s3://bucket/state/KEY.json``) is read and written through ``service.storage``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
+
+from packfeed.service import storage
+from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND
 
 logger = logging.getLogger("packfeed")
 
@@ -30,11 +35,20 @@ class Manifest:
     ``key`` identifies the stream (data config hash + the plan): a file written for another
     key is ignored, never trusted, and replaced at the first write. The file is a cache: a
     failed write is logged once and the stream goes on (``check_writable`` is the start-up check).
+
+    On an object store (``path`` a URI) an object cannot be appended to: the whole file is
+    written again (one PUT), at the first write, at the end of the stream, at ``flush`` and
+    otherwise at most every ``remote_write_s`` seconds, so a stream of 100,000 windows does not
+    rewrite a growing object 100,000 times. What a killed server had not written yet is packed
+    again by the next one.
     """
 
-    def __init__(self, key: str, path: Path | None = None) -> None:
+    remote_write_s = 5.0
+
+    def __init__(self, key: str, path: str | Path | None = None) -> None:
         self.key = key
-        self.path = Path(path) if path is not None else None
+        self.path = None if path is None else (os.fspath(path) if storage.is_remote(path) else Path(path))
+        self._remote = isinstance(self.path, str)
         self._lock = threading.Lock()
         self.first_row: dict[int, int] = {0: 0}
         self._starts: list[tuple[int, int]] = [(0, 0)]  # (first_row, window), sorted: what locate searches
@@ -42,13 +56,14 @@ class Manifest:
         self._write_failed = False
         self._file_ours = False  # the file at path holds this key's header: append to it
         self._torn = False
-        if self.path is not None and self.path.exists():
+        self._unwritten = False  # on a store: learnt since the last write
+        self._written_at = float("-inf")
+        if self.path is not None:
             self._load()
 
     def _load(self) -> None:
-        try:
-            text = self.path.read_text()
-        except OSError:
+        text = self._read()
+        if text is None:
             return
         lines = text.splitlines()
         self._torn = not text.endswith("\n")  # the next line must not continue a torn one
@@ -69,9 +84,32 @@ class Manifest:
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue  # a torn line: what it said is learnt again
 
+    def _read(self) -> str | None:
+        """The file's text; None when there is none (or it cannot be read: a cache miss)."""
+        if not self._remote:
+            try:
+                return self.path.read_text() if self.path.exists() else None
+            except OSError:
+                return None
+        try:
+            return storage.read_bytes(self.path).decode()
+        except UnicodeDecodeError:
+            return None
+        except storage.StorageError as e:
+            if e.kind not in (NOT_FOUND, NO_BUCKET):
+                logger.warning("cannot read the stream manifest (%s); packing starts from the windows it knows", e)
+            return None
+
     def check_writable(self) -> None:
-        """OSError naming the directory unless the manifest can be written there."""
+        """OSError (on disk) or ``StorageError`` (a URI) naming the place unless the manifest
+        can be written there."""
         if self.path is None:
+            return
+        if self._remote:
+            directory, _, name = self.path.rpartition("/")
+            probe = f"{name}.probe{os.getpid()}"
+            storage.write_bytes_atomic(f"{directory}/{probe}", b"")
+            storage.delete_prefix(directory, only=lambda rel: rel == probe)
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         probe = self.path.with_suffix(f".probe{os.getpid()}")
@@ -111,18 +149,27 @@ class Manifest:
         self.first_row[window] = first_row
         bisect.insort(self._starts, (first_row, window))
 
+    def flush(self) -> None:
+        """Write what was learnt and not written yet (on a store; on disk every line is)."""
+        with self._lock:
+            if self._remote and self._unwritten:
+                self._write_remote()
+
     def _append(self, entry: dict) -> None:
         """Write what was learnt (caller holds the lock: lines keep their order)."""
         if self.path is None:
             return
+        if self._remote:
+            self._unwritten = True
+            first = not self._file_ours and not self._write_failed  # after a failure: once an interval
+            if first or "end" in entry or time.monotonic() - self._written_at >= self.remote_write_s:
+                self._write_remote()
+            return
         try:
             if not self._file_ours:  # a new file, or another stream's: start it with what we know
-                lines = [{"key": self.key}, *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
-                if self.total_rows is not None:
-                    lines.append({"end": self.total_rows})
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text("".join(json.dumps(line) + "\n" for line in lines))
+                tmp.write_text(self._whole())
                 os.replace(tmp, self.path)
                 self._file_ours = True
                 return
@@ -135,3 +182,24 @@ class Manifest:
                 logger.warning("cannot write the stream manifest %s (%s); the stream goes on, but a "
                                "restart will pack from the last window it knows", self.path, e)
             self._write_failed = True
+
+    def _whole(self) -> str:
+        """The whole file: the header, every window known, the end when known."""
+        lines = [{"key": self.key}, *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
+        if self.total_rows is not None:
+            lines.append({"end": self.total_rows})
+        return "".join(json.dumps(line) + "\n" for line in lines)
+
+    def _write_remote(self) -> None:
+        """The whole file in one PUT (caller holds the lock); a failure is said once."""
+        self._written_at = time.monotonic()
+        try:
+            storage.write_bytes_atomic(self.path, self._whole().encode())
+        except storage.StorageError as e:
+            if not self._write_failed:
+                logger.warning("cannot write the stream manifest (%s); the stream goes on, but a restart will pack "
+                               "from the last window it knows", e)
+            self._write_failed = True
+            return
+        self._file_ours, self._unwritten = True, False
+

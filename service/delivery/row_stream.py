@@ -8,9 +8,10 @@ train`` serve both the same way:
   single windows on request in this process, with the tokenizer the driver loaded anyway (one
   tokenizer thread; no actor to start: a peek costs one window's packing and nothing else).
 * a ``PackedDir``: a finished ``packfeed pack`` directory, served as it is (pack once, train
-  many). Its windows are the Parquet row groups; their first rows are known from the
-  metadata, so any cursor is reached at once and no Ray is needed. ``find_packed_dir(inputs)``
-  says whether the inputs of a command are one.
+  many), on disk or on a store (``s3://bucket/packed``: read by ranged requests). Its windows
+  are the Parquet row groups; their first rows are known from the metadata, so any cursor is
+  reached at once and no Ray is needed. ``find_packed_dir(inputs)`` says whether the inputs of
+  a command are one.
 
 Describe's epochs and rows per epoch come from here too (``epoch_rows``).
 """
@@ -18,6 +19,7 @@ Describe's epochs and rows per epoch come from here too (``epoch_rows``).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -101,8 +103,9 @@ class PackedDir:
 
 
 def find_packed_dir(inputs: Sequence[str]) -> PackedDir | None:
-    """The packed directory when ``inputs`` is one (then served as it is), None when they are
-    data to pack; ValueError for a packfeed output that is unfinished or failed."""
+    """The packed directory when ``inputs`` is one (a directory or a URI: then served as it
+    is), None when they are data to pack; ValueError for a packfeed output that is unfinished
+    or failed."""
     from packfeed.service.packed.writer import packed_dir_info
 
     info = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
@@ -168,27 +171,34 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
 
 
 def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
-    """The rows of a finished ``packfeed pack`` directory (``info``: writer.packed_dir_info)."""
-    import pyarrow.parquet as pq
-
+    """The rows of a finished ``packfeed pack`` directory (``info``: writer.packed_dir_info), a
+    local directory or a URI. On a store: a listing, then per part file a HEAD and its footer
+    at the start, and per row group read a HEAD (the part must be the version first seen) and
+    its column chunks by range."""
+    from packfeed.service import storage
     from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow
-    from packfeed.service.packed.writer import part_files
+    from packfeed.service.packed.writer import open_parquet, part_files
 
+    path = os.fspath(path)
     config, stats = info["config"], info["stats"]
-    groups: list[tuple[Path, int, int]] = []  # (file, row group, first row)
+    parts: list[tuple[str, Any, Any]] = []  # (file, its version or None on disk, its footer)
+    groups: list[tuple[int, int, int]] = []  # (part, row group, first row)
     first = 0
     for f in part_files(path):
-        meta = pq.ParquetFile(f).metadata
+        version = storage.stat(f) if storage.is_remote(f) else None
+        meta = open_parquet(f, expect=version).metadata
+        parts.append((f, version, meta))
         for g in range(meta.num_row_groups):
-            groups.append((f, g, first))
+            groups.append((len(parts) - 1, g, first))
             first += meta.row_group(g).num_rows
     if first != stats.get("rows"):
-        raise ValueError(f"{path}: its Parquet files hold {first:,} rows, its stats.json {stats.get('rows')!r}: the "
-                         "directory changed after packing; pack it again")
+        raise ValueError(f"{storage.display(path)}: its Parquet files hold {first:,} rows, its stats.json "
+                         f"{stats.get('rows')!r}: the directory changed after packing; pack it again")
 
     def read(k: int) -> PackedRows:
-        f, g, start = groups[k]
-        table = pq.ParquetFile(f).read_row_group(g).select(ROW_SCHEMA.names)
+        part, g, start = groups[k]
+        f, version, meta = parts[part]
+        table = open_parquet(f, expect=version, metadata=meta).read_row_group(g).select(ROW_SCHEMA.names)
         rows = rows_from_arrow(table)
         return _reindex(rows, start)
 

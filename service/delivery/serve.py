@@ -15,8 +15,10 @@ and resume from their cursor), then the reader is stopped and waited for, and Ra
 (when one was started: a packed directory needs none), in that order. A signal during start-up
 ends the server the same way once it has started: the handlers are installed first.
 
-The manifest (first row of each window, stream length) is kept under ``state_dir``, so a
-restarted server resumes any cursor by packing from the window that holds it.
+The manifest (first row of each window, stream length) is kept under ``state_dir`` (a
+directory or a URI: ``s3://bucket/serve-state``), so a restarted server resumes any cursor by
+packing from the window that holds it; so is the inputs' scan manifest
+(``scan-<config hash>.npz``), so a restart reads no input to plan.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from packfeed.service import storage
 from packfeed.service.delivery.row_stream import PackedDir, RowStream, open_stream
 from packfeed.service.pipeline.scaling import PackingScaling
 
@@ -44,7 +47,7 @@ class ServeOptions:
     """How ``run_serve`` serves: where it listens, who may read, what it holds, how it stops.
     ``packfeed serve`` checks them first, naming its flags (commands/serve.py)."""
 
-    state_dir: Path  # where the stream manifest is kept across restarts
+    state_dir: str | Path  # where the stream manifest (and the scan manifest) are kept: a directory or a URI
     host: str = "127.0.0.1"
     port: int = 50051  # 0: any free port
     token: str | None = None  # the bearer token every call must carry
@@ -80,8 +83,13 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     for sig in (signal.SIGTERM, signal.SIGINT):  # before Ray starts: init_ray keeps them
         signal.signal(sig, lambda *_: stop.set())
     uses_ray = not isinstance(packed_or_config, PackedDir)
-    stream = open_pipeline_stream(packed_or_config, scaling, address) if uses_ray else open_stream(packed_or_config)
-    manifest = Manifest(stream.manifest_key, options.state_dir / f"{stream.manifest_key}.json")
+    state_dir = os.fspath(options.state_dir)
+    if uses_ray:
+        scan_cache = storage.join(state_dir, f"scan-{packed_or_config.config_hash()}.npz")
+        stream = open_pipeline_stream(packed_or_config, scaling, address, scan_cache=scan_cache)
+    else:
+        stream = open_stream(packed_or_config)
+    manifest = Manifest(stream.manifest_key, storage.join(state_dir, f"{stream.manifest_key}.json"))
     stream.seed_manifest(manifest)
 
     def reader_failed(exc: BaseException) -> None:
@@ -126,6 +134,7 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     t0 = time.perf_counter()
     drain(server, service, health_servicer, options.grace_s)
     stopped = hub.close(timeout=max(60.0, options.grace_s))
+    manifest.flush()
     stream.close()
     if metrics is not None:
         metrics.stop()
@@ -138,16 +147,19 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     return 1 if failed.is_set() else 0
 
 
-def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: str | None) -> RowStream:
+def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: str | None, *,
+                         scan_cache: str | None = None) -> RowStream:
     """Everything checkable before Ray (the plan, the tokenizer, the inputs' first rows and the
-    chat template on them), then Ray, the packing actors placed, and the pipeline's RowStream."""
+    chat template on them), then Ray, the packing actors placed, and the pipeline's RowStream.
+    ``scan_cache``: where the plan keeps the inputs' scan manifest (a restart reads no input
+    to plan)."""
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
     from packfeed.service.pipeline.raycluster import init_ray
     from packfeed.service.pipeline.scaling import place_packing
     from packfeed.service.tokenize.samples import load_tokenizer
 
-    plan = build_plan(config)
+    plan = build_plan(config, scan_cache=scan_cache)
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
     os.environ["RAYON_NUM_THREADS"] = "1"

@@ -1,33 +1,49 @@
-"""Write packed rows as a Parquet dataset directory, streaming, with bounded memory.
+"""Write packed rows as a Parquet dataset directory, streaming, with bounded memory, on disk or
+on an object store (``s3://bucket/prefix``, any URI ``service.storage`` serves).
 
 Layout of DIR: ``part-00000.parquet``, ``part-00001.parquet``, ... (row columns of
 ``arrow_rows.ROW_SCHEMA``, rows in stream order; each file's schema metadata carries
 ``packfeed.seq_len`` and ``packfeed.config_hash``) and a hidden ``.packfeed/`` directory:
 ``files.json`` (every file this run wrote, listed before it is created), ``config.json`` (the
-data config and its hash) and ``stats.json``, written last: ``"status": "complete"`` marks a
-finished output. Readers that skip hidden entries (pyarrow datasets, Hugging Face ``datasets``)
-see a plain Parquet dataset: ``pq.read_table(DIR)`` and ``load_dataset("parquet",
-data_dir=DIR)`` work as they are.
+data config and its hash, credentials removed from its URIs), ``scan.npz`` (the inputs' scan
+manifest, inputs/scan_cache.py: a second pack of the same inputs reads none of them to plan)
+and ``stats.json``, written last: ``"status": "complete"`` marks a finished output. Readers
+that skip hidden entries (pyarrow datasets, Hugging Face ``datasets``) see a plain Parquet
+dataset: ``pq.read_table(DIR)`` and ``load_dataset("parquet", data_dir=DIR)`` work as they are.
 
-Safety: the output may not be, contain or lie inside an input; a directory holding anything
-packfeed did not write is refused; ``overwrite`` removes only the files a previous packfeed
-run listed in its ``files.json``.
+On an object store a part file is one object, uploaded as it is written (a multipart upload
+past the first part) and visible only once complete; the metadata files are each one PUT. The
+completion marker comes last there too, so a crashed run never looks complete.
+
+Safety (location.py): the output may not be, contain or lie inside an input; a directory (a
+key prefix) holding anything packfeed did not write is refused; ``overwrite`` removes only the
+part files a previous packfeed run listed in its ``files.json`` and its ``.packfeed/``
+metadata (the scan manifest stays: it describes the inputs, and is checked against them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows
+from packfeed.service import storage
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_to_arrow
+from packfeed.service.packed.location import (
+    META_DIR,
+    check_output,
+    check_writable,
+    clear_previous,
+    read_if_exists,
+    written_files,
+)
+from packfeed.service.storage.errors import classify
 
-META_DIR = ".packfeed"
 # ~32 MiB of token columns per row group at L=4096 (3 int32 columns * 4096 * 4 B * 682).
 TARGET_ROW_GROUP_BYTES = 32 << 20
 TARGET_FILE_BYTES = 512 << 20
@@ -35,14 +51,16 @@ TARGET_FILE_BYTES = 512 << 20
 
 class ParquetRowWriter:
     """``ParquetRowWriter(DIR, seq_len=..., config_hash=..., inputs=[...])``, then ``write``
-    blocks of rows and ``close(config=..., stats=...)``. Checks DIR at construction."""
+    blocks of rows and ``close(config=..., stats=...)``. Checks DIR at construction. DIR: a
+    local directory or a URI."""
 
     def __init__(self, out_dir: str | Path, *, seq_len: int, config_hash: str, overwrite: bool = False,
                  inputs: Sequence[str] = ()) -> None:
-        self.out_dir = Path(out_dir)
+        self.out_dir = os.fspath(out_dir)
         prepare_output(self.out_dir, inputs=inputs, overwrite=overwrite)
-        self.meta = self.out_dir / META_DIR
-        self.meta.mkdir(parents=True, exist_ok=True)
+        self.meta = storage.join(self.out_dir, META_DIR)
+        if not storage.is_remote(self.out_dir):
+            Path(self.meta).mkdir(parents=True, exist_ok=True)
         self._files: list[str] = []
         self._save_files()
         self._metadata = {b"packfeed.seq_len": str(seq_len).encode(), b"packfeed.config_hash": config_hash.encode()}
@@ -60,113 +78,97 @@ class ParquetRowWriter:
             if self._writer is None or self._rows_in_file >= self.rows_per_file:
                 self._open_next()
             take = min(table.num_rows - start, self.rows_per_file - self._rows_in_file)
-            self._writer.write_table(table.slice(start, take), row_group_size=self.rows_per_group)
+            self._on_store(lambda: self._writer.write_table(table.slice(start, take), row_group_size=self.rows_per_group))
             self._rows_in_file += take
             start += take
 
     def _open_next(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        self._close_file()
         name = f"part-{self.num_files:05d}.parquet"
         self._files.append(name)
         self._save_files()  # listed before it exists: an interrupted run's files can be removed
+        fs, path = storage.resolve(storage.join(self.out_dir, name))
         # No dictionary pages: token ids over a 100k+ vocabulary overflow the dictionary anyway;
         # building it costs ~30% of the write's CPU (the driver's, on the critical path) for no
         # smaller file (bench/bench_tokenize.py measures the write).
-        self._writer = pq.ParquetWriter(self.out_dir / name, ROW_SCHEMA.with_metadata(self._metadata),
-                                        compression="zstd", use_dictionary=False)
+        self._writer = self._on_store(lambda: pq.ParquetWriter(
+            path, ROW_SCHEMA.with_metadata(self._metadata), filesystem=fs, compression="zstd", use_dictionary=False))
         self.num_files += 1
         self._rows_in_file = 0
 
+    def _close_file(self) -> None:
+        if self._writer is not None:
+            self._on_store(self._writer.close)  # on a store: the upload completes here
+            self._writer = None
+
+    def _on_store(self, fn):
+        """``fn()`` (a Parquet write); on a store a failure is one line naming the part file
+        (pyarrow's S3 client has retried it already: ``storage.resolve``)."""
+        if not storage.is_remote(self.out_dir):
+            return fn()
+        try:
+            return fn()
+        except OSError as exc:
+            part = storage.join(self.out_dir, self._files[-1])
+            raise storage.StorageError(storage.display(part), f"writing it failed ({classify(exc).detail})") from None
+
     def _save_files(self) -> None:
-        _write_json(self.meta / "files.json", {"files": self._files})
+        _write_json(storage.join(self.meta, "files.json"), {"files": self._files})
+
+    def abandon(self) -> None:
+        """End a failed run: finish the part being written (listed in files.json already) and
+        write no metadata, so the output says it is incomplete. Done now rather than by the
+        Parquet writer's finaliser whenever it runs (on a store: an upload completing after a
+        later run started over the same keys). A failure to finish is left unsaid: the run's
+        own error is the one to report."""
+        with contextlib.suppress(Exception):
+            self._close_file()
 
     def close(self, *, config: dict[str, Any], stats: dict[str, Any], status: str = "complete") -> None:
         """Finish the last file, then write config.json and stats.json (with ``status``)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        _write_json(self.meta / "config.json", config)
-        _write_json(self.meta / "stats.json", {"status": status, **stats})
+        self._close_file()
+        # an input URI may carry credentials (s3://KEY:SECRET@bucket/...): never written down
+        _write_json(storage.join(self.meta, "config.json"), config, scrub=True)
+        _write_json(storage.join(self.meta, "stats.json"), {"status": status, **stats})
 
 
-def _write_json(path: Path, value: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(tmp, path)
+def _write_json(uri: str, value: Any, *, scrub: bool = False) -> None:
+    text = json.dumps(value, indent=2) + "\n"
+    storage.write_bytes_atomic(uri, (storage.scrub(text) if scrub else text).encode())
 
 
-def prepare_output(out_dir: Path, *, inputs: Sequence[str], overwrite: bool, clear: bool = True) -> None:
+def prepare_output(out_dir: str | Path, *, inputs: Sequence[str], overwrite: bool, clear: bool = True) -> None:
     """Check ``out_dir`` (see the module docstring) and clear a previous packfeed output there
     when ``overwrite`` and ``clear``; ValueError naming the problem otherwise. ``clear=False``
     only checks (and creates the directory): a command checks first and clears once every
     other check has passed, so a mistake never costs the previous output."""
-    out = Path(os.path.realpath(out_dir))
-    for item in inputs:
-        real = Path(os.path.realpath(item))
-        if out == real or real in out.parents or out in real.parents:
-            relation = "is" if out == real else ("lies inside" if real in out.parents else "contains")
-            raise ValueError(f"--output {out_dir} {relation} the input {item}: write the rows somewhere else")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--output {out_dir} is a file, not a directory")
-    if out.exists():
-        entries = sorted(p.name for p in out.iterdir())
-        ours = written_files(out)
-        if entries and ours is None:
-            raise ValueError(
-                f"--output {out_dir} holds files packfeed did not write ({', '.join(entries[:5])}"
-                f"{', ...' if len(entries) > 5 else ''}): choose a new or empty directory"
-            )
-        if ours is not None:
-            foreign = [e for e in entries if e != META_DIR and e not in ours]
-            if foreign:
-                raise ValueError(
-                    f"--output {out_dir} holds files packfeed did not write ({', '.join(foreign[:5])}) next to a "
-                    "previous output: move them away or choose another directory"
-                )
-            if not overwrite:
-                raise ValueError(f"--output {out_dir} already holds packed output; pass --overwrite to replace it")
-            if not clear:
-                return _check_writable(out)
-            for name in ours:
-                (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / META_DIR)
-    out.mkdir(parents=True, exist_ok=True)
-    _check_writable(out)
-
-
-def _check_writable(out: Path) -> None:
-    probe = out / f".packfeed-write-test-{os.getpid()}"
-    probe.write_text("")  # a read-only location fails here, naming the path, before any work
-    probe.unlink()
-
-
-def written_files(out_dir: Path) -> list[str] | None:
-    """The files a packfeed run listed as written in ``out_dir``, or None if it is not one."""
-    path = Path(out_dir) / META_DIR / "files.json"
-    if not path.exists():
-        return None
-    try:
-        files = json.loads(path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return [f for f in files if isinstance(f, str) and "/" not in f and f.startswith("part-")]
+    out = os.fspath(out_dir)
+    ours = check_output(out, inputs=inputs, overwrite=overwrite)
+    if clear and ours is not None:
+        clear_previous(out, ours)
+    check_writable(out)
 
 
 def packed_dir_info(path: str | Path) -> dict[str, Any] | None:
-    """{"config": ..., "stats": ...} of a finished ``packfeed pack`` output, None when ``path``
-    is not one; ValueError for an unfinished (see ``incomplete_output``) or failed one."""
-    meta = Path(path) / META_DIR
-    if not (meta / "config.json").exists():
-        if (meta / "files.json").exists():
+    """{"config": ..., "stats": ...} of a finished ``packfeed pack`` output (a directory or a
+    URI), None when ``path`` is not one; ValueError for an unfinished (see
+    ``incomplete_output``) or failed one. On a store: 2 to 6 requests (HEAD and GET of each
+    metadata file there is)."""
+    path = os.fspath(path)
+    if storage.is_remote(path) and storage.has_magic(path):
+        return None  # a glob of inputs, not a directory
+    meta = storage.join(path, META_DIR)
+    config = read_if_exists(storage.join(meta, "config.json"))
+    if config is None:
+        if read_if_exists(storage.join(meta, "files.json")) is not None:
             raise ValueError(incomplete_output(path))
         return None
-    stats_path = meta / "stats.json"
-    stats = read_json_object(stats_path, fix=_PACK_AGAIN) if stats_path.exists() else {}
+    stats_data = read_if_exists(storage.join(meta, "stats.json"))
+    stats = {} if stats_data is None else _json_object(stats_data, storage.join(meta, "stats.json"), _PACK_AGAIN)
     if stats.get("status") != "complete":
-        raise ValueError(f"{path} is an unfinished or failed packfeed output (status {stats.get('status', 'running')!r}): "
-                         "pack it again")
-    return {"config": read_json_object(meta / "config.json", fix=_PACK_AGAIN), "stats": stats}
+        raise ValueError(f"{storage.display(path)} is an unfinished or failed packfeed output (status "
+                         f"{stats.get('status', 'running')!r}): pack it again")
+    return {"config": _json_object(config, storage.join(meta, "config.json"), _PACK_AGAIN), "stats": stats}
 
 
 _PACK_AGAIN = "pack the directory again"
@@ -175,35 +177,53 @@ _PACK_AGAIN = "pack the directory again"
 def incomplete_output(path: str | Path) -> str:
     """What an output a pack never finished (killed, crashed) holds and lacks: its part files
     are listed in files.json, config.json and stats.json are written only at the end. A part
-    file the pack was writing when it stopped has no Parquet footer: it is named as cut off."""
-    listed = written_files(Path(path)) or []
-    present = [name for name in listed if (Path(path) / name).exists()]
-    rows, cut = 0, []
-    for name in present:
+    file the pack was writing when it stopped has no Parquet footer: it is named as cut off
+    (on a store such a part is usually absent: an upload becomes visible only once complete)."""
+    path = os.fspath(path)
+    listed = written_files(path) or []
+    present = {os.path.basename(f) for f in part_files(path)}
+    rows, cut, held = 0, [], [name for name in listed if name in present]
+    for name in held:
         try:
-            rows += pq.ParquetFile(Path(path) / name).metadata.num_rows
+            rows += open_parquet(storage.join(path, name)).metadata.num_rows
         except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
             cut.append(name)
-    held = f"{len(present)} part file(s) with {rows:,} rows" if present else "no part file yet"
+    summary = f"{len(held)} part file(s) with {rows:,} rows" if held else "no part file yet"
     if cut:
-        held = f"{len(present)} part file(s) ({rows:,} rows readable; {', '.join(cut)} cut off while it was written)"
-    return (f"{path} is incomplete: a packfeed pack started there and did not finish; it has {held} and lacks "
-            f"{META_DIR}/config.json and {META_DIR}/stats.json (written when a pack ends): pack it again with --overwrite")
+        summary = f"{len(held)} part file(s) ({rows:,} rows readable; {', '.join(cut)} cut off while it was written)"
+    return (f"{storage.display(path)} is incomplete: a packfeed pack started there and did not finish; it has "
+            f"{summary} and lacks {META_DIR}/config.json and {META_DIR}/stats.json (written when a pack ends): "
+            "pack it again with --overwrite")
 
 
-def read_json_object(path: str | Path, *, fix: str) -> dict:
-    """The JSON object in ``path``; ValueError naming the file and ``fix`` when it is not one."""
+def _json_object(data: bytes, path: str, fix: str) -> dict:
     try:
-        value = json.loads(Path(path).read_bytes())
+        value = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise ValueError(f"{path} is not a valid JSON object ({e}): {fix}") from None
+        raise ValueError(f"{storage.display(path)} is not a valid JSON object ({e}): {fix}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path} is not a valid JSON object (it holds a {type(value).__name__}): {fix}")
+        raise ValueError(f"{storage.display(path)} is not a valid JSON object (it holds a {type(value).__name__}): {fix}")
     return value
 
 
-def part_files(out_dir: str | Path) -> list[Path]:
-    return sorted(Path(out_dir).glob("part-*.parquet"))
+def part_files(out_dir: str | Path) -> list[str]:
+    """The part files of an output, sorted: paths, or URIs on a store (one listing)."""
+    out = os.fspath(out_dir)
+    if not storage.is_remote(out):
+        return [str(p) for p in sorted(Path(out).glob("part-*.parquet"))]
+    return [info.uri for info in storage.listing(out, recursive=False)
+            if not info.is_dir and storage.match(["part-*.parquet"], [info.uri.rsplit("/", 1)[-1]])]
+
+
+def open_parquet(path: str, *, expect: storage.ObjectInfo | None = None, metadata: Any = None) -> pq.ParquetFile:
+    """A part file for reading. On a store every read is a ranged GET, retried and counted
+    (``storage.open_input``: one HEAD to open), the column chunks of a row group fetched in as
+    few requests as their layout allows (``pre_buffer``); ``expect``: the version first seen,
+    so a part replaced since is an error naming it; ``metadata``: its footer, read before (the
+    open then reads no footer again)."""
+    if not storage.is_remote(path):
+        return pq.ParquetFile(path, metadata=metadata)
+    return pq.ParquetFile(storage.open_input(path, expect=expect), metadata=metadata, pre_buffer=True)
 
 
 def read_packed_dir(out_dir: str | Path) -> PackedRows:
@@ -215,4 +235,5 @@ def read_packed_dir(out_dir: str | Path) -> PackedRows:
         return rows_from_arrow(ROW_SCHEMA.empty_table())
     import pyarrow as pa
 
-    return rows_from_arrow(pa.concat_tables([pq.read_table(f, schema=ROW_SCHEMA) for f in files]))
+    tables = [pq.read_table(f if not storage.is_remote(f) else storage.open_input(f), schema=ROW_SCHEMA) for f in files]
+    return rows_from_arrow(pa.concat_tables(tables))

@@ -5,12 +5,15 @@
     DataConfig -> StreamPlan -> check_inputs (before Ray) -> PackingPipeline -> ParquetRowWriter
                                                                              -> stats.json, report
 
-Before Ray starts: the plan (every input scanned), the output directory, the tokenizer, and a
-probe of every input's first rows (formats detected, a source with no valid sample refused);
-a previous output is removed (``overwrite``) only once all of them, Ray and the placement of
-the packing actors passed. The run ends with the packing report on stdout, and a ValueError,
-saying why, when nothing was packed, when a source delivered nothing, or when more than the
-config's ``max_skip_fraction`` of the samples read was bad (the directory is then marked failed).
+Before Ray starts: the plan (every input scanned, or its scan reused from the output's
+``.packfeed/scan.npz``), the output location (over no input, ours or empty), the tokenizer, and
+a probe of every input's first rows (formats detected, a source with no valid sample refused);
+a previous output is removed (``overwrite``), and anything written to the output, only once all
+of them, Ray and the placement of the packing actors passed. The output may be a
+local directory or a URI (``s3://bucket/prefix``): packed/writer.py says how it is written. The
+run ends with the packing report on stdout, and a ValueError, saying why, when nothing was
+packed, when a source delivered nothing, or when more than the config's ``max_skip_fraction``
+of the samples read was bad (the directory is then marked failed).
 """
 
 from __future__ import annotations
@@ -21,38 +24,48 @@ import time
 from pathlib import Path
 from typing import Any
 
+from packfeed.service import storage
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.scaling import PackingScaling
 
 logger = logging.getLogger("packfeed")
 
 
-def run_pack(config: DataConfig, output: Path, *, scaling: PackingScaling = PackingScaling(),
+def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling = PackingScaling(),
              address: str | None = None, overwrite: bool = False, validate: bool = False,
              progress_seconds: float = 10.0) -> dict[str, Any]:
-    """Pack ``config`` into ``output`` (absolute) with the packing actors ``scaling`` on the Ray
-    at ``address`` (see ``init_ray``); returns the stats written to its stats.json.
-    ``validate`` checks every row against the row convention; ``progress_seconds``: seconds
-    between progress lines (no TTY)."""
+    """Pack ``config`` into ``output`` (an absolute path or a URI) with the packing actors
+    ``scaling`` on the Ray at ``address`` (see ``init_ray``); returns the stats written to its
+    stats.json. ``validate`` checks every row against the row convention; ``progress_seconds``:
+    seconds between progress lines (no TTY)."""
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
+    from packfeed.service.packed.location import kept_scan
     from packfeed.service.packed.writer import ParquetRowWriter, prepare_output
     from packfeed.service.tokenize.samples import load_tokenizer
 
-    plan = build_plan(config)
-    # the files read, and the directories given: an output may not be, hold or lie inside any
-    inputs = [f.path for s in plan.sources for f in s.files] + [p for p in config.inputs if os.path.isdir(p)]
-    prepare_output(output, inputs=inputs, overwrite=overwrite, clear=False)
-    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
-                               backend=config.tokenizer_backend)
-    check_inputs(plan, tokenizer)
+    output = os.fspath(output)
+    # the scan manifest the output kept, used (and updated) in a copy: nothing is written to the
+    # output before every check passed
+    with kept_scan(output) as (scan_cache, publish_scan):
+        plan = build_plan(config, scan_cache=scan_cache)
+        # the files read, and the directories and URIs given: an output may not be, hold or lie
+        # inside any (a glob on a store: nor where it would read the output at a later run)
+        given = [p for p in config.inputs if storage.is_remote(p) or os.path.isdir(p)]
+        inputs = [f.path for s in plan.sources for f in s.files] + given
+        prepare_output(output, inputs=inputs, overwrite=overwrite, clear=False)
+        tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+                                   backend=config.tokenizer_backend)
+        check_inputs(plan, tokenizer)
 
-    def open_writer() -> ParquetRowWriter:
-        return ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
-                                overwrite=overwrite, inputs=inputs)
+        def open_writer() -> ParquetRowWriter:
+            writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
+                                      overwrite=overwrite, inputs=inputs)
+            publish_scan()
+            return writer
 
-    return _pack(config, plan, scaling, open_writer, tokenizer, address=address, validate=validate,
-                 progress_seconds=progress_seconds)
+        return _pack(config, plan, scaling, open_writer, tokenizer, address=address, validate=validate,
+                     progress_seconds=progress_seconds)
 
 
 def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, progress_seconds) -> dict[str, Any]:
@@ -60,6 +73,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, p
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline
     from packfeed.service.pipeline.raycluster import init_ray
     from packfeed.service.pipeline.scaling import place_packing
+    from packfeed.service.packed.location import META_DIR
     from packfeed.service.pipeline.stats import format_summary, run_failure
     from packfeed.service.progress import Progress
 
@@ -74,26 +88,30 @@ def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, p
         logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)
     logger.info("packing %s samples (%d epoch(s)) in %d windows of %s on %d workers -> %s",
                 f"{plan.samples_per_epoch * plan.epochs:,}", plan.epochs, plan.num_windows,
-                f"{plan.window_samples:,}", pipeline.num_workers, writer.out_dir)
+                f"{plan.window_samples:,}", pipeline.num_workers, storage.display(writer.out_dir))
     progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
                         interval_s=progress_seconds)
     rows_written = tokens = first_tokens = 0
     first_row_at = None
     epoch_first_rows = []  # global row of each epoch's first window
-    for out in pipeline.iter_windows():
-        if out.stats is not None and out.window % plan.windows_per_epoch == 0:
-            epoch_first_rows.append(rows_written)
-        rows = out.rows
-        if not rows.num_rows:
-            continue
-        if validate:
-            check_rows(rows, config.seq_len)
-        writer.write(rows)
-        rows_written += rows.num_rows
-        tokens += rows.num_real_tokens
-        if first_row_at is None:
-            first_row_at, first_tokens = time.perf_counter(), tokens
-        progress.update(samples=pipeline.samples_started, rows=rows_written, tokens=tokens)
+    try:
+        for out in pipeline.iter_windows():
+            if out.stats is not None and out.window % plan.windows_per_epoch == 0:
+                epoch_first_rows.append(rows_written)
+            rows = out.rows
+            if not rows.num_rows:
+                continue
+            if validate:
+                check_rows(rows, config.seq_len)
+            writer.write(rows)
+            rows_written += rows.num_rows
+            tokens += rows.num_real_tokens
+            if first_row_at is None:
+                first_row_at, first_tokens = time.perf_counter(), tokens
+            progress.update(samples=pipeline.samples_started, rows=rows_written, tokens=tokens)
+    except BaseException:
+        writer.abandon()  # the run failed: the part being written ends now, and nothing marks it complete
+        raise
     progress.close()
     end = time.perf_counter()
     total = pipeline.stats
@@ -118,8 +136,8 @@ def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, p
         raise ValueError(failure)
     if validate:
         logger.info("validated %s rows against the row convention: all correct", f"{rows_written:,}")
-    print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) to {writer.out_dir} "
-          f"(metadata in {writer.meta.name}/)")
+    print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) to {storage.display(writer.out_dir)} "
+          f"(metadata in {META_DIR}/)")
     return stats
 
 

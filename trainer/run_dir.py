@@ -1,0 +1,164 @@
+"""The files of a training run under ``--output``: a local directory or a URI
+(``s3://bucket/runs/demo``, anything ``service.storage`` serves).
+
+============================  ======================================  =============================================
+file                          written by                              on an object store
+============================  ======================================  =============================================
+``config.json``               the driver, at the start                one PUT (credentials removed from its URIs)
+``metrics.jsonl``             rank 0, a record every ``log_every``    the object written whole again (GET + PUT)
+``rows/rank<k>.jsonl``        each rank, every step (``record_rows``)  the same
+``ray/checkpoint_<step>/``    Ray Train (``ray_storage``)             Ray Train's upload, through the same store
+``stream_manifest.json``      the feeder (delivery/manifest.py)       one PUT every few seconds
+``scan.npz``                  the plan (inputs/scan_cache.py)         one PUT when a file was scanned
+``final/``                    rank 0 and the driver (``publish_final``)  objects copied, ``FINAL_STATE`` last
+``summary.json``, ``loss.png``  the driver, at the end                one PUT each
+============================  ======================================  =============================================
+
+A store has no rename: a ``final/`` is whole when its ``FINAL_STATE`` (written last) exists,
+and a new one replaces the old with that object deleted first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from packfeed.service import storage
+from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, classify
+from packfeed.trainer.checkpoint import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
+
+FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes its place
+
+
+def location(output: str | Path) -> str | Path:
+    """``output`` as the run uses it: an absolute Path on disk, a URI as it is."""
+    return os.fspath(output) if storage.is_remote(os.fspath(output)) else Path(output).resolve()
+
+
+def path(output: str | Path, *names: str) -> str:
+    """The file ``names`` under ``output`` (a path or a URI)."""
+    return storage.join(os.fspath(output), *names)
+
+
+def read_text(uri: str) -> str | None:
+    """The text of ``uri`` (a path or a URI), None when there is no such file."""
+    if not storage.is_remote(uri):
+        return Path(uri).read_text() if os.path.isfile(uri) else None
+    try:
+        return storage.read_bytes(uri).decode()
+    except storage.StorageError as exc:
+        if exc.kind in (NOT_FOUND, NO_BUCKET):
+            return None
+        raise
+
+
+def write_json(uri: str, value: Any) -> None:
+    """``value`` as JSON at ``uri``, whole or not at all, credentials scrubbed from its URIs."""
+    storage.write_bytes_atomic(uri, storage.scrub(json.dumps(value, indent=1)).encode())
+
+
+def holds(output: str | Path, name: str) -> bool:
+    """Whether the file or directory ``name`` is under ``output`` (on a store: any key below it)."""
+    uri = path(output, name)
+    if not storage.is_remote(uri):
+        return os.path.exists(uri)
+    return storage.exists(uri) or bool(storage.listing(uri, recursive=False))
+
+
+def remove(output: str | Path, names: tuple[str, ...]) -> None:
+    """Delete the files and directories ``names`` under ``output`` (on a store: one listing)."""
+    if storage.is_remote(os.fspath(output)):
+        storage.delete_prefix(os.fspath(output), only=lambda rel: rel.split("/")[0] in names)
+        return
+    for name in names:
+        target = Path(output, name)
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def upload_dir(local: Path, uri: str, *, last: str | None = None) -> None:
+    """Copy the files under ``local`` to ``uri`` (a store), streamed, ``last`` after the others."""
+    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+    for file in files:
+        target = path(uri, file.relative_to(local).as_posix())
+        _on_store(target, "upload", lambda: _copy(file, target))
+
+
+def _copy(file: Path, target: str) -> None:
+    import pyarrow.fs as pafs
+
+    fs, dest = storage.resolve(target)
+    pafs.copy_files(str(file), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def _on_store(uri: str, what: str, fn) -> Any:
+    """``fn()`` on the filesystem of ``storage.resolve`` (which retries by itself); a failure is
+    one line naming ``uri``."""
+    try:
+        return fn()
+    except OSError as exc:
+        raise storage.StorageError(storage.display(uri), f"{what} failed ({classify(exc).detail})") from None
+
+
+def save_final_model(model: Any, output: str | Path, step: int) -> None:
+    """The final model into ``<output>/.final.partial`` (emptied first: a group restarted by
+    Ray Train may have left half a model there), ``FINAL_STATE`` last: it says the model is whole."""
+    partial = path(output, FINAL_PARTIAL)
+    if not storage.is_remote(partial):
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save_pretrained(partial)
+        Path(partial, FINAL_STATE).write_text(json.dumps({"step": step}))
+        return
+    storage.delete_prefix(partial)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        Path(tmp, FINAL_STATE).write_text(json.dumps({"step": step}))
+        upload_dir(Path(tmp), partial, last=FINAL_STATE)
+
+
+def publish_final(output: str | Path, tokenizer: Any) -> int:
+    """Complete the final model the workers wrote aside (``FINAL_PARTIAL``) with the tokenizer
+    and make it ``final/``, so a ``final/`` that exists is whole; returns its step count. On
+    disk a rename (a previous ``final/``, of a run stopped at ``stop_at_step`` and resumed, is
+    renamed away first: deleted in place, it would be half a model for a while); on a store the
+    old one's ``FINAL_STATE`` goes first, the new one's comes last."""
+    partial, final = path(output, FINAL_PARTIAL), path(output, FINAL_DIR)
+    step = int(json.loads(read_text(path(partial, FINAL_STATE)))["step"])
+    if not storage.is_remote(partial):
+        old = path(output, FINAL_OLD)
+        tokenizer.tokenizer.save_pretrained(partial)
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.rename(final, old)
+        os.rename(partial, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return step
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.tokenizer.save_pretrained(tmp)
+        upload_dir(Path(tmp), partial)
+    storage.delete_prefix(final, only=lambda rel: rel == FINAL_STATE)
+    storage.delete_prefix(final)
+    fs, _ = storage.resolve(partial)
+    names = sorted((info.uri[len(partial) + 1:] for info in storage.listing(partial, recursive=True) if not info.is_dir),
+                   key=lambda rel: (rel == FINAL_STATE, rel))
+    for rel in names:
+        source, target = path(partial, rel), path(final, rel)
+        _on_store(target, "copy", lambda: fs.copy_file(storage.resolve(source)[1], storage.resolve(target)[1]))
+    storage.delete_prefix(partial)
+    return step
+
+
+def ray_storage(output: str | Path) -> dict[str, Any]:
+    """Ray Train's ``RunConfig`` arguments that put its run directory under ``output``: the
+    path, or on a store the path inside it and the filesystem of ``storage.resolve`` (its own
+    retries, the credentials and endpoint packfeed uses everywhere)."""
+    if not storage.is_remote(os.fspath(output)):
+        return {"storage_path": os.fspath(output)}
+    fs, inside = storage.resolve(os.fspath(output))
+    return {"storage_path": inside, "storage_filesystem": fs}
