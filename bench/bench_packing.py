@@ -17,7 +17,7 @@ Requirements checked (PASS/FAIL per line):
 
 Tables: (1) exactfit and bfd side by side per distribution x seq_len; (2) the stress case
 with no short samples; (3) concat; (4) long samples: windows of 4k/8k/64k samples x seq_len,
-rows / bound of both; (5) small windows against the exact optimum (tests/packing_optimum.py);
+rows / bound of both; (5) small windows against the exact optimum (tests/support/packing_optimum.py);
 (6) window size vs efficiency and time (the pipeline packs windows of consecutive samples);
 (7) the grouped BFD against a plain one-sample-at-a-time BFD on a subsample; (8) assemble_rows
 throughput.
@@ -39,7 +39,7 @@ from packfeed.service.packing.check import reference_bfd_fills
 from packfeed.service.packing.synthetic import RELATIVE, synthetic_lengths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test oracle
-from packing_optimum import optimal_rows  # noqa: E402
+from support.packing_optimum import optimal_rows  # noqa: E402
 
 DISTRIBUTIONS = ("chat", "sft", "flan", "code")
 LONG_DISTRIBUTIONS = ("pareto300", "uniform_l8_l2", "pareto_l10", "docs")
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # (5) Small windows against the exact optimum.
     table("(5) small windows (10-60 samples, L 100/256/1000) against the exact optimum "
-          "(tests/packing_optimum.py; windows it could not prove within its node cap are left out)",
+          "(tests/support/packing_optimum.py; windows it could not prove within its node cap are left out)",
           ["dist", "windows", "optimum known", "optimum == bound", "exactfit optimal", "bfd optimal",
            "exactfit extra rows", "bfd extra rows"], optimum_rows(40 if args.quick else 100))
 

@@ -156,7 +156,7 @@ def plan_bench(files: int, rows: int, sources: int, stride: int) -> None:
 
 
 def s3_bench(objects: int) -> None:
-    from s3_support import S3Server
+    from support.s3 import S3Server
 
     with S3Server() as server:
         os.environ.update(server.env())

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "tests")]
 
 from bench_pipeline import write_corpus  # noqa: E402
-from serve_support import TOKENIZER, ServerProcess  # noqa: E402
+from support.serve import TOKENIZER, ServerProcess  # noqa: E402
 
 from packfeed.client.stream import PackedStream  # noqa: E402
 

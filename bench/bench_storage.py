@@ -3,7 +3,7 @@
 A generated corpus (``--mb`` MB, default 64: 3/4 text JSONL in 4 files, 1/4 prompt/completion Parquet in
 2 files with ``--row-group`` rows per row group; two sources) lies in a local directory and,
 byte for byte, under a prefix of moto's S3 server (started here on 127.0.0.1 as the tests start
-it: tests/s3_support.py). Every request to the server goes through the counting proxy of the
+it: tests/support/s3.py). Every request to the server goes through the counting proxy of the
 same module (``AWS_ENDPOINT_URL`` points at it), so requests and bytes are counted on the wire
 as well as by ``storage.COUNTERS`` (this process only). Reference: the same step from disk, in
 the same run; figures are ratios to it.
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     megabytes = 4.0 if args.quick else args.mb
     only = set(args.only or ("scan", "read", "pack"))
 
-    from s3_support import FaultProxy, S3Server
+    from support.s3 import FaultProxy, S3Server
 
     work = Path(tempfile.mkdtemp(prefix="packfeed-bench-storage-"))
     try:

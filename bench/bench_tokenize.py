@@ -13,7 +13,7 @@ chunks of 2,000 characters as two-turn conversations ("Show me <file>, part k" -
 Qwen2.5's chat template.
 
 Tokenizer: Qwen2.5's 151k byte-level BPE, built offline from the quicktok-v1 wheel (the same
-construction as the tests, tests/unit/tokenizer_fixtures.py).
+construction as the tests, tests/support/tokenizers.py).
 
 References, measured in this run on the same texts (chat: the rendered conversations), timing
 only the encode calls, in wall and CPU time: raw HF ``tokenizers`` ``encode_batch_fast`` on one
@@ -114,8 +114,8 @@ def write_corpora(work: Path, tokens: int) -> dict[str, Path]:
 def qwen_tokenizer(cache: Path) -> str:
     out = cache / "qwen2.5"
     if not (out / "tokenizer.json").exists():
-        sys.path.insert(0, str(REPO / "tests" / "unit"))
-        from tokenizer_fixtures import qwen_tokenizer_dir
+        sys.path.insert(0, str(REPO / "tests"))
+        from support.tokenizers import qwen_tokenizer_dir
 
         qwen_tokenizer_dir(str(out))
     return str(out)

@@ -93,7 +93,7 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
     from packfeed.service.delivery.row_stream import find_packed_dir
-    from packfeed.service.pipeline.raycluster import init_ray
+    from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster, ray_initialised as ray_is_up
     from packfeed.service.tokenize.samples import load_tokenizer
     from packfeed.trainer.model import check_model
 
@@ -108,6 +108,10 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
         print(f"training on the packed directory {storage.display(packed.path)} as it is ({packed.num_rows:,} rows)",
               flush=True)
     else:
+        if joins_a_cluster(address):  # the scan runs on the cluster's nodes
+            signals.defer()
+            print(init_ray(address, dashboard=True), flush=True)
+            signals.check()
         packed_or_plan = build_plan(run.data, scan_cache=path(output, SCAN_CACHE))
     if state is not None:
         check_resume(state, run, packed=None if packed is None else packed.info,
@@ -123,7 +127,8 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
     if packed is None:  # as pack and serve: what the inputs hold, the chat template on them
         check_inputs(packed_or_plan, tokenizer)
     signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
-    print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
+    if not ray_is_up():
+        print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
     signals.check()
     return _fit(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
                 clear_previous=clear_previous, signals=signals)

@@ -155,10 +155,13 @@ def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: s
     to plan)."""
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
-    from packfeed.service.pipeline.raycluster import init_ray
+    from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster
     from packfeed.service.pipeline.scaling import place_packing
     from packfeed.service.tokenize.samples import load_tokenizer
 
+    joined = joins_a_cluster(address)
+    if joined:  # the scan runs on the cluster's nodes
+        logger.info(init_ray(address))
     plan = build_plan(config, scan_cache=scan_cache)
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
@@ -166,7 +169,8 @@ def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: s
     tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)
     check_inputs(plan, tokenizer)
-    logger.info(init_ray(address))
+    if not joined:
+        logger.info(init_ray(address))
     placed = place_packing(scaling, num_windows=plan.num_windows)
     return open_stream(plan, config, tokenizer=tokenizer, scaling=placed)
 

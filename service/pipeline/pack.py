@@ -45,6 +45,7 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
     from packfeed.service.tokenize.samples import load_tokenizer
 
     output = os.fspath(output)
+    joined = _join_first(address)
     # the scan manifest the output kept, used (and updated) in a copy: nothing is written to the
     # output before every check passed
     with kept_scan(output) as (scan_cache, publish_scan):
@@ -65,10 +66,23 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             return writer
 
         return _pack(config, plan, scaling, open_writer, tokenizer, address=address, validate=validate,
-                     progress_seconds=progress_seconds)
+                     progress_seconds=progress_seconds, joined=joined)
 
 
-def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, progress_seconds) -> dict[str, Any]:
+def _join_first(address: str | None) -> float | None:
+    """Join a cluster before planning (``joins_a_cluster``: the scan runs on its nodes); the
+    seconds it took, None when Ray starts after the plan."""
+    from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster
+
+    if not joins_a_cluster(address):
+        return None
+    start = time.perf_counter()
+    logger.info(init_ray(address))
+    return time.perf_counter() - start
+
+
+def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, progress_seconds,
+          joined: float | None = None) -> dict[str, Any]:
     from packfeed.client.rows import check_rows
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline
     from packfeed.service.pipeline.raycluster import init_ray
@@ -78,8 +92,9 @@ def _pack(config, plan, scaling, open_writer, tokenizer, *, address, validate, p
     from packfeed.service.progress import Progress
 
     start = time.perf_counter()
-    logger.info(init_ray(address))
-    ray_init_seconds = time.perf_counter() - start
+    if joined is None:
+        logger.info(init_ray(address))
+    ray_init_seconds = time.perf_counter() - start if joined is None else joined
     pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows))
     # every check passed (inputs, tokenizer, probe, Ray, placement): only now may overwrite
     # remove the previous output

@@ -155,6 +155,18 @@ def quiet_ray() -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def joins_a_cluster(address: str | None) -> bool:
+    """``init_ray(address)`` would join a running cluster (not start an embedded Ray, not reuse
+    this process's). A command then joins before it plans: the scan runs as Ray tasks on the
+    cluster's nodes (inputs/scan_tasks.py), which read a bucket in parallel rather than through
+    this one process. An embedded Ray has this machine only: planning first keeps every check
+    of the inputs answering before Ray's start-up."""
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    return bool(address) and address != "local" and not ray.is_initialized()
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:
     """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
 

@@ -1,7 +1,7 @@
 """Retries of remote requests, and the process-wide counts of what was asked of the stores.
 
 Which layer retries what. Measured with pyarrow 26 against moto's S3 server through the fault
-proxy of tests/s3_support.py:
+proxy of tests/support/s3.py:
 
 - pyarrow's S3FileSystem retries inside one call, as its ``retry_strategy`` says
   (``AwsStandardS3RetryStrategy``, default ``max_attempts=3``): a 503 SlowDown on a LIST or a

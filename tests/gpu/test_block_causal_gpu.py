@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
 from packfeed.trainer.attention import VARLEN, select_attention  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
-from support import VOCAB, packed_batch, segments  # noqa: E402
+from support.model_batch import VOCAB, packed_batch, segments  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from serve_support import REPO, ServerProcess, demo_args
+from support.serve import REPO, ServerProcess, demo_args
 
 pytestmark = pytest.mark.integration
 

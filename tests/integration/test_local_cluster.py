@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import (
+from support.train import (
     SIGNAL_AT,
     STEPS,
     assert_stopped_at_checkpoint,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, check_rows
 from packfeed.client.stream import PackedStream
-from serve_support import DEMO_SAMPLES, METRICS, REPO, ServerProcess, demo_args, scrape
+from support.serve import DEMO_SAMPLES, METRICS, REPO, ServerProcess, demo_args, scrape
 
 from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats
 from packfeed.service.packed.writer import ParquetRowWriter

@@ -20,7 +20,7 @@ from collections import Counter
 
 import pytest
 from packfeed.client.stream import PackedStream
-from serve_support import CORPUS, TOKENIZER, ServerProcess
+from support.serve import CORPUS, TOKENIZER, ServerProcess
 from stream_client import row_digest, row_records
 
 from packfeed.service.cli import main

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support import segments_by_sample
+from support.model_batch import segments_by_sample
 from transformers import AutoTokenizer
 
 from packfeed.client.rows import IGNORE_INDEX, check_rows

@@ -39,7 +39,7 @@ import grpc
 import pytest
 from packfeed.client.stream import PackedStream
 from packfeed.service.faults import FAULTS_ENV
-from serve_support import DEMO_SAMPLES, REPO, ServerProcess, busy_cpus, demo_args
+from support.serve import DEMO_SAMPLES, REPO, ServerProcess, busy_cpus, demo_args
 from stream_client import row_records
 
 pytestmark = pytest.mark.integration

@@ -39,7 +39,7 @@ from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import decode_batch_bytes
 from packfeed.service.cli import main
 from packfeed.service.faults import FAULTS_ENV
-from serve_support import (
+from support.serve import (
     CORPUS,
     REPO,
     TOKENIZER,

@@ -38,8 +38,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from packfeed.client.stream import PackedStream, StreamError
 from packfeed.client.transport import MAX_REQUEST_BYTES, SERVICE_NAME, TOKEN_ENV
 from packfeed.client.v1 import packfeed_pb2
-from serve_support import METRICS, REPO, ServerProcess, demo_args, scrape
-from tls_fixtures import self_signed_cert
+from support.serve import METRICS, REPO, ServerProcess, demo_args, scrape
+from support.tls import self_signed_cert
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from unit.tokenizer_fixtures import gpt2_regex_tokenizer, merge_order_trap, qwen_tokenizer_dir
+from support.tokenizers import gpt2_regex_tokenizer, merge_order_trap, qwen_tokenizer_dir
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main

@@ -21,7 +21,7 @@ import json
 import shutil
 
 import pytest
-from train_support import corpus_head
+from support.train import corpus_head
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig

@@ -1,6 +1,6 @@
 """`packfeed train` stopped by a signal to its driver: SIGTERM and Ctrl-C (SIGINT).
 
-Real `packfeed train` processes (tests/train_support.py: tiny Llama, 2 DDP workers, seq_len
+Real `packfeed train` processes (tests/support/train.py: tiny Llama, 2 DDP workers, seq_len
 256, 4 rows per step), each with its own embedded Ray. Checked:
 
 * SIGTERM mid-run: exit 143; both ranks stop after the same step, which is checkpointed (the
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import (
+from support.train import (
     STEPS,
     STOPPED,
     SIGNAL_AT,

@@ -22,7 +22,7 @@ from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # 
 from packfeed.trainer import attention  # noqa: E402
 from packfeed.trainer.attention import VARLEN, register_varlen_attention, select_attention  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
-from support import PADDED_ROWS, SEQ_LENS, VOCAB, packed_batch, segments  # noqa: E402
+from support.model_batch import PADDED_ROWS, SEQ_LENS, VOCAB, packed_batch, segments  # noqa: E402
 
 EQUAL_FP32 = 1e-4  # measured: <= 3.6e-7 on every family (gemma highest)
 CONTAMINATED = 1e-2  # measured: 0.45 (gemma) to 0.75 (olmo2)

@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: serve_support
+sys.path.insert(0, str(HERE.parent))  # tests/: support.serve
 
 from packfeed.client.stream import PackedStream, StreamError  # noqa: E402
-from serve_support import CORPUS, TOKENIZER, GroupWatch, ServerProcess, busy_cpus, kill_groups  # noqa: E402
+from support.serve import CORPUS, TOKENIZER, GroupWatch, ServerProcess, busy_cpus, kill_groups  # noqa: E402
 
 
 def nine_files(root: Path) -> list[str]:

@@ -1,12 +1,12 @@
 """The storage layer against a real S3 server (moto) and a fault proxy, both on 127.0.0.1.
 
-The tests talk to the loopback S3 server of tests/s3_support.py through the real code path
+The tests talk to the loopback S3 server of tests/support/s3.py through the real code path
 (pyarrow's S3 client), offline, in seconds. Retries back off in milliseconds here
 (``fast_retries``), so a test of five failures in a row costs no real backoff.
 """
 
 import pytest
-from s3_support import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtures for these tests
+from support.s3 import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtures for these tests
 
 from packfeed.service.storage import RetryPolicy, set_policy
 

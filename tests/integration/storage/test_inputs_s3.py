@@ -6,7 +6,7 @@ BOM; chat and prompt/completion rows; Parquet with several row groups; Arrow IPC
 stream; text documents; a ``save_to_disk`` dataset) is written to a local directory and
 uploaded under a prefix. Listing, planning and reading the URIs must give what the local paths
 give: the same files in the same order, the same records, sample ids and skips in every window.
-The proxy of tests/s3_support.py counts the requests and bytes of a window, and fails requests.
+The proxy of tests/support/s3.py counts the requests and bytes of a window, and fails requests.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ overwrite that deletes only packfeed's keys and plans from the scan the output k
 over an input refused before any write.
 
 Every command runs in-process (``main([...])``) on one Ray started with the environment
-pointing at the proxy (``store_runs.ray_reaching``: the packing actors read through it too).
+pointing at the proxy (``support.store_runs.ray_reaching``: the packing actors read through it too).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from store_runs import CORPUS, ray_reaching, write_corpus
+from support.store_runs import CORPUS, ray_reaching, write_corpus
 
 from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path

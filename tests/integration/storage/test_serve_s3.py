@@ -3,7 +3,7 @@ the counting proxy): SIGKILLed mid-stream and started again, it delivers every r
 (the contract of test_serve_failures.py), the restart reads no input to plan (the scan manifest
 in the state dir: only the probe's first rows), and a packed directory on S3 is served as it is.
 
-The servers are real processes (tests/serve_support.py), each with its own embedded Ray that
+The servers are real processes (tests/support/serve.py), each with its own embedded Ray that
 reaches the store through the proxy.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_support import DEMO_SAMPLES, TOKENIZER, ServerProcess
-from store_runs import CORPUS
+from support.serve import DEMO_SAMPLES, TOKENIZER, ServerProcess
+from support.store_runs import CORPUS
 from test_serve_failures import (
     JOIN_S,
     SEED,

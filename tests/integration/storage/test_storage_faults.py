@@ -6,7 +6,7 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from s3_support import free_port
+from support.s3 import free_port
 
 from packfeed.service.storage import (
     COUNTERS,

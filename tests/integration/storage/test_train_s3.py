@@ -5,7 +5,7 @@ an uninterrupted run trains; the model (replacing the stopped run's), metrics an
 on the store, nothing on disk, no credential in config.json.
 
 In-process (``train(...)``) on a Ray started with the environment pointing at the server
-(``store_runs.ray_reaching``: the feeder's packing actors and the train workers reach it too).
+(``support.store_runs.ray_reaching``: the feeder's packing actors and the train workers reach it too).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 import os
 
 import pytest
-from store_runs import CORPUS, ray_reaching
-from train_support import corpus_head
+from support.store_runs import CORPUS, ray_reaching
+from support.train import corpus_head
 
 from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path

@@ -1,7 +1,7 @@
 """The KubeRay manifests of deploy/k8s, checked offline: no cluster, no network.
 
 Every ray.io document validates against KubeRay's CRD schema (as strictly as `kubectl apply`,
-see deploy_support) and passes the rules KubeRay's operator adds; every RayJob entrypoint is a
+see support/deploy.py) and passes the rules KubeRay's operator adds; every RayJob entrypoint is a
 command packfeed's own parser accepts; the config file it names is in a ConfigMap mounted
 there, loads with packfeed's loaders, and packfeed's placement check accepts the cluster the
 manifest describes; serve reads its token and TLS from Secrets and is reachable through a
@@ -25,7 +25,7 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
-from deploy_support import (
+from support.deploy import (
     CRD_FILES,
     Manifests,
     constraint_pins,

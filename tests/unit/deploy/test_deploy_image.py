@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from deploy_support import constraint_pins, dockerfile_instructions, dockerignored
+from support.deploy import constraint_pins, dockerfile_instructions, dockerignored
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKER = REPO / "deploy" / "docker"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_support import (
+from support.deploy import (
     CREDENTIAL_ENV,
     Manifests,
     credential_problems,

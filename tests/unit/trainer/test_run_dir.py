@@ -1,4 +1,4 @@
-"""A training run's files on an object store the same as on disk (store_fixtures: the storage
+"""A training run's files on an object store the same as on disk (support/stores.py: the storage
 layer's URI path without a socket): metrics records, checkpoints found for --resume and
 downloaded, the final model published whole, a previous run kept until cleared, Ray Train's
 storage arguments."""
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from store_fixtures import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
+from support.stores import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
 
 from packfeed.service import storage
 from packfeed.trainer import run_dir

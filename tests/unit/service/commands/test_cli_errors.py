@@ -9,7 +9,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from tokenizer_fixtures import gpt2_regex_tokenizer
+from support.tokenizers import gpt2_regex_tokenizer
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main

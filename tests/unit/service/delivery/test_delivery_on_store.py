@@ -1,4 +1,4 @@
-"""What serve keeps and reads, on an object store the same as on disk (store_fixtures: the
+"""What serve keeps and reads, on an object store the same as on disk (support/stores.py: the
 storage layer's URI path without a socket): the stream manifest, whole objects written at a
 bounded rate, and a packed directory served from the store."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from store_fixtures import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
+from support.stores import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
 
 from packfeed.client.rows import PackedRows
 from packfeed.service import storage

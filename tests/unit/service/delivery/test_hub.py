@@ -1,6 +1,6 @@
 """RowHub and Manifest: the right rows by global index, bounded memory, cheap restarts, clean ends.
 
-The hub is driven by a synthetic reader (stream_fixtures.py) over a deterministic stream whose
+The hub is driven by a synthetic reader (support/streams.py) over a deterministic stream whose
 every row is a function of its global index (``SyntheticStream.reference``), so any row the hub
 returns can be checked against the truth without trusting the hub, ``select_rows`` or
 ``concat_rows``.
@@ -24,7 +24,7 @@ from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows, check_rows
 from packfeed.service.delivery.assign import num_steps, step_rows
 from packfeed.service.delivery.hub import PIECE_ROWS, ConsumerGone, HubClosed, RowHub
 from packfeed.service.delivery.manifest import Manifest
-from stream_fixtures import BLOCK_ROWS, SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
+from support.streams import BLOCK_ROWS, SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
 
 DEADLINE_S = 20.0  # generous: the machine is shared and noisy
 

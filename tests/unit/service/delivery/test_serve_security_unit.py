@@ -128,7 +128,7 @@ def test_defaults_pass_and_show_in_help(capsys):
 
 
 def test_tls_files_are_checked_and_the_bad_one_named(tmp_path):
-    from tls_fixtures import self_signed_cert
+    from support.tls import self_signed_cert
 
     cert, key = (p.read_bytes() for p in self_signed_cert(tmp_path, "server"))
     other_key = self_signed_cert(tmp_path, "other")[1].read_bytes()

@@ -36,7 +36,7 @@ from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.server import BearerTokenInterceptor, PackFeedService
 from packfeed.service.delivery.row_stream import RowStream
 from packfeed.trainer.feeder import RowFeeder
-from stream_fixtures import SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
+from support.streams import SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
 
 PAD_ID, HASH = 0, "cafe"
 TOTAL = sum(WINDOW_ROWS)

@@ -24,7 +24,7 @@ from packfeed.service.inputs.read import Piece, read_window
 from packfeed.service.inputs.records import SKIP_REASONS, BadSampleError, Conversation, PromptCompletion
 from packfeed.service.storage import StorageError, local_glob
 
-from inputs_support import plan_windows
+from support.inputs import plan_windows
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 RECORDS = [

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from store_fixtures import keys, memory_store  # noqa: F401 - the fixture "store"
+from support.stores import keys, memory_store  # noqa: F401 - the fixture "store"
 
 from packfeed.client.rows import PackedRows, check_rows
 from packfeed.service.packed.writer import META_DIR, ParquetRowWriter, packed_dir_info, prepare_output, read_packed_dir
@@ -137,7 +137,7 @@ def test_a_packed_directory_with_damaged_metadata_is_named(tmp_path, stats):
         packed_dir_info(tmp_path / "o")
 
 
-# ---- on an object store (store_fixtures: the storage layer's URI path, no socket) ----------------
+# ---- on an object store (support/stores.py: the storage layer's URI path, no socket) ----------------
 def test_a_packed_output_on_a_store_is_the_local_one_byte_for_byte(tmp_path, store):
     from packfeed.service import storage
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from packing_optimum import optimal_rows
+from support.packing_optimum import optimal_rows
 
 from packfeed.service.packing import check_packing, pack
 from packfeed.service.packing.bounds import lower_bound

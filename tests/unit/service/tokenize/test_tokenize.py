@@ -19,8 +19,8 @@ from packfeed.service.inputs.records import BadSampleError, Conversation, Prompt
 from packfeed.service.tokenize.chat import ChatTemplateError
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
 
-from inputs_support import plan_windows
-from tokenizer_fixtures import CHATML, WORDS, qwen_tokenizer_dir, sample, show, word_tokenizer
+from support.inputs import plan_windows
+from support.tokenizers import CHATML, WORDS, qwen_tokenizer_dir, sample, show, word_tokenizer
 
 USER_HI = {"role": "user", "content": "hi"}
 HELLO = {"role": "assistant", "content": "hello world"}

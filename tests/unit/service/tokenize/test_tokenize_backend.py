@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_tokenize import check_invariants, window
-from tokenizer_fixtures import (
+from support.tokenizers import (
     gpt2_regex_tokenizer,
     merge_order_trap,
     qwen_tokenizer_dir,

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from serve_support import REPO, GroupWatch, kill_groups
+from support.serve import REPO, GroupWatch, kill_groups
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state

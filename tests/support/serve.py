@@ -15,7 +15,7 @@ from typing import Iterator
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = sorted(str(p) for p in (REPO / "service" / "assets" / "corpus").glob("*.jsonl"))
 TOKENIZER = str(REPO / "service" / "assets" / "tokenizer")
 DEMO_SAMPLES = 7_500  # samples in the bundled corpus; none is skipped at these settings

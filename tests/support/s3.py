@@ -14,7 +14,7 @@ connection without a reply) or ``stall`` (read the request, send nothing for ``S
 seconds, then reset). A LIST is a GET on a bucket with a ``list-type`` or ``prefix``
 query.
 
-Fixtures (import them into a conftest: ``from s3_support import s3, s3_faulty, ...``):
+Fixtures (import them into a conftest: ``from support.s3 import s3, s3_faulty, ...``):
 ``s3_server`` and ``s3_proxy`` are session-scoped (one server, one proxy per conftest
 that imports them); ``s3`` points the environment at the server directly, ``s3_faulty`` at the
 proxy with its record cleared and no fault pending. Both yield the server, whose ``bucket()``
