@@ -40,6 +40,7 @@ from packfeed.service.inputs import scan_tasks
 from packfeed.service.inputs.scan import FileScan, seek_phase
 from packfeed.service.inputs.scan_cache import decode, encode
 from packfeed.service.storage import COUNTERS
+from report import table  # noqa: E402 - bench/report.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback S3 server of the tests
 
@@ -84,14 +85,6 @@ def best(fn, repeats: int = 3) -> tuple[float, object]:
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n{title}\n")
-    print(" | ".join(header))
-    print(" | ".join("---" for _ in header))
-    for row in rows:
-        print(" | ".join(row))
 
 
 def plan_bench(files: int, rows: int, sources: int, stride: int) -> None:

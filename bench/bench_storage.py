@@ -51,6 +51,7 @@ from packfeed.service.data.config import DataConfig, SourceConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.inputs.read import read_window
 from packfeed.service.storage import COUNTERS
+from report import table  # noqa: E402 - bench/report.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the loopback S3 server of the tests
 
@@ -131,14 +132,6 @@ class Corpus:
     sizes: dict[str, int]  # "all", "jsonl", "parquet"
     window: int | None
     row_group: int
-
-
-def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n{title}\n")
-    print(" | ".join(header))
-    print(" | ".join("---" for _ in header))
-    for row in rows:
-        print(" | ".join(row))
 
 
 def remote_bytes(wire: Wire, corpus: Corpus, where: str) -> str:

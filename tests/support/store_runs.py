@@ -61,3 +61,19 @@ def write_corpus(root: Path, *, lines: int | None = None) -> Path:
     stories = [json.loads(line) for line in (directory / "stories.jsonl").read_text().splitlines()]
     pq.write_table(pa.Table.from_pylist(stories[::2]), directory / "stories-again.parquet", row_group_size=200)
     return directory
+
+
+def count_scans(monkeypatch) -> list[int]:
+    """From now on, each plan built appends to the list it returns how many files it scanned
+    (0: every file came from the scan manifest)."""
+    from packfeed.service.data import plan as plan_module
+
+    real_scan, scanned = plan_module.scan_sources, []
+
+    def counting(sources, manifest=None, **kw):
+        result = real_scan(sources, manifest, **kw)
+        scanned.append(result[1])
+        return result
+
+    monkeypatch.setattr(plan_module, "scan_sources", counting)
+    return scanned

@@ -137,3 +137,13 @@ def assert_rows(got: PackedRows | None, indices) -> None:
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape or not np.array_equal(a, b):  # the fast check; the message on failure
             np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def plain_rows(first: int, n: int, seq_len: int = 8) -> PackedRows:
+    """Rows ``first`` .. ``first + n - 1`` of a simple stream: one sample per row, row r's ids
+    r * seq_len + 1 ...: tests of what stores and reads rows (packed directories, streams)."""
+    ids = np.arange(first * seq_len, (first + n) * seq_len, dtype=np.int32).reshape(n, seq_len) + 1
+    return PackedRows(input_ids=ids, labels=ids.copy(),
+                      position_ids=np.tile(np.arange(seq_len, dtype=np.int32), (n, 1)),
+                      seq_lens=np.full(n, seq_len, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
+                      segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n))

@@ -18,12 +18,11 @@ import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from support.store_runs import CORPUS, ray_reaching, write_corpus
+from support.store_runs import CORPUS, count_scans, ray_reaching, write_corpus
 
 from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
-from packfeed.service.data import plan as plan_module
 from packfeed.service.faults import FAULTS_ENV
 from packfeed.service.inputs.fileio import FIRST_CHUNK
 from packfeed.service.packed.writer import packed_dir_info, read_packed_dir
@@ -154,14 +153,7 @@ def test_a_crashed_pack_on_s3_never_looks_complete_and_overwrite_deletes_only_pa
     for key in neighbours:
         s3_server.put(bucket, key, b"not packfeed's")
 
-    real_scan, scanned = plan_module.scan_sources, []
-
-    def counting(sources, manifest=None, **kw):  # notes how many files the plan scanned
-        result = real_scan(sources, manifest, **kw)
-        scanned.append(result[1])
-        return result
-
-    monkeypatch.setattr(plan_module, "scan_sources", counting)
+    scanned = count_scans(monkeypatch)
     s3_proxy.reset()
     assert pack(inputs, out, "--window-samples", "500", "--overwrite") == 0
     assert scanned == [0], "the second pack of the same input planned from the scan the crashed one kept"

@@ -15,12 +15,11 @@ import json
 import os
 
 import pytest
-from support.store_runs import CORPUS, ray_reaching
+from support.store_runs import CORPUS, count_scans, ray_reaching
 from support.train import corpus_head
 
 from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path
-from packfeed.service.data import plan as plan_module
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
@@ -72,14 +71,7 @@ def test_train_reads_s3_checkpoints_to_s3_and_resumes_from_there(ray_to_s3, s3_s
     assert checkpoint == f"{output}/ray/checkpoint_{STOP:06d}" and read_state(checkpoint)["step"] == STOP
     assert json.loads(storage.read_bytes(f"{output}/final/packfeed_state.json")) == {"step": STOP}
 
-    real_scan, scanned = plan_module.scan_sources, []
-
-    def counting(sources, manifest=None, **kw):  # notes how many files the plan scanned
-        result = real_scan(sources, manifest, **kw)
-        scanned.append(result[1])
-        return result
-
-    monkeypatch.setattr(plan_module, "scan_sources", counting)
+    scanned = count_scans(monkeypatch)
     resumed = dataclasses.replace(run, train=dataclasses.replace(run.train, stop_at_step=None))
     summary = train(resumed, output=output, resume=True)
     assert scanned == [0], "the resume planned from the scan manifest the run kept on the store"

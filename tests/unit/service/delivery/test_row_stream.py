@@ -11,16 +11,14 @@ from packfeed.client.rows import PackedRows
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir, open_stream
 from packfeed.service.packed.writer import ParquetRowWriter
+from support.streams import plain_rows
 
 SEQ = 8
 GROUPS = (5, 3, 4)  # rows of each write: one row group each
 
 
 def rows(first: int, n: int) -> PackedRows:
-    ids = np.arange(first * SEQ, (first + n) * SEQ, dtype=np.int32).reshape(n, SEQ) + 1
-    return PackedRows(input_ids=ids, labels=ids.copy(), position_ids=np.tile(np.arange(SEQ, dtype=np.int32), (n, 1)),
-                      seq_lens=np.full(n, SEQ, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
-                      segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n))
+    return plain_rows(first, n, SEQ)
 
 
 @pytest.fixture
