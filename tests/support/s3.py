@@ -198,6 +198,7 @@ class FaultProxy:
         self.upstream_port = upstream_port
         self._lock = threading.Lock()
         self._requests: list[Request] = []
+        self._last_request_at = time.monotonic()
         self._faults: list[_Fault] = []
         self._server: ThreadingHTTPServer | None = None
 
@@ -222,6 +223,18 @@ class FaultProxy:
         with self._lock:
             self._requests.clear()
             self._faults.clear()
+
+    def wait_quiet(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> None:
+        """Wait until no request has been answered for ``quiet_s``: requests a killed process
+        sent before it died are then counted before a ``reset``, not after it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                idle = time.monotonic() - self._last_request_at
+            if idle >= quiet_s:
+                return
+            time.sleep(quiet_s - idle)
+        raise AssertionError(f"the S3 proxy still answers requests after {timeout_s} s")
 
     def fail_next(self, n: int, mode: str, *, method: str | None = None, key: str | None = None,
                   lists: bool | None = None) -> None:
@@ -270,6 +283,7 @@ class FaultProxy:
     def _record(self, request: Request) -> None:
         with self._lock:
             self._requests.append(request)
+            self._last_request_at = time.monotonic()
 
 
 def _split_target(target: str) -> tuple[str, str, str]:

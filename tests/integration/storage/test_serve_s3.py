@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.serve import DEMO_SAMPLES, TOKENIZER, ServerProcess
+from support.streams import plain_rows
 from support.store_runs import CORPUS
 from test_serve_failures import (
     JOIN_S,
@@ -31,7 +32,6 @@ from test_serve_failures import (
     run_ranks,
 )
 
-from packfeed.client.rows import PackedRows
 from packfeed.client.stream import PackedStream
 from packfeed.service.assets import demo_corpus_paths
 from packfeed.service.faults import FAULTS_ENV
@@ -106,6 +106,7 @@ def test_serve_from_s3_with_its_state_on_s3_survives_sigkill_exactly_once_and_pl
         assert server.proc.wait(JOIN_S) < 0, server.tail()  # SIGKILLed by the fault, no drain
         server.kill()  # what is left of its process groups, as a crashed container's
         before = server.log.stat().st_size
+        s3_proxy.wait_quiet()  # a request the dead server's actors sent is not the restart's
         s3_proxy.reset()
         server.start()
         finish(ranks)
@@ -143,14 +144,6 @@ def reference_read(server: ServerProcess) -> Reference:
     return Reference(total=total, rows={index: (digest, ids) for index, digest, ids in rank.rows})
 
 
-def toy_rows(first: int, n: int, seq: int) -> PackedRows:
-    """``n`` rows of one sample each, token ids counting up from ``first * seq``."""
-    ids = np.arange(first * seq, (first + n) * seq, dtype=np.int32).reshape(n, seq) + 1
-    return PackedRows(input_ids=ids, labels=ids.copy(), position_ids=np.tile(np.arange(seq, dtype=np.int32), (n, 1)),
-                      seq_lens=np.full(n, seq, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
-                      segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n))
-
-
 @pytest.mark.timeout(120)
 def test_a_packed_directory_on_s3_is_served_as_it_is_by_ranged_reads(s3_faulty, s3_proxy, tmp_path):
     """No Ray, no scan: a listing, each part's footer, then each row group by range; the rows
@@ -163,7 +156,7 @@ def test_a_packed_directory_on_s3_is_served_as_it_is_by_ranged_reads(s3_faulty, 
     writer.rows_per_group, writer.rows_per_file = 40, 80  # two part files, four row groups
     first = 0
     for n in groups:
-        writer.write(toy_rows(first, n, seq))
+        writer.write(plain_rows(first, n, seq))
         first += n
     writer.close(config={"data": {"seq_len": seq, "tokenizer": TOKENIZER}, "config_hash": "toy",
                          "tokenizer": {"name": "toy", "pad_id": 0, "vocab_size": 1 << 20}, "plan": {"epochs": 1}},
@@ -176,7 +169,7 @@ def test_a_packed_directory_on_s3_is_served_as_it_is_by_ranged_reads(s3_faulty, 
     assert "Ray shut down" not in server.tail(), "a packed directory is served without Ray"
     real = [(b.row_index[~b.padding_rows], b.rows.input_ids[~b.padding_rows]) for b in batches]
     assert np.array_equal(np.concatenate([i for i, _ in real]), np.arange(first))
-    assert np.array_equal(np.concatenate([ids for _, ids in real]), toy_rows(0, first, seq).input_ids)
+    assert np.array_equal(np.concatenate([ids for _, ids in real]), plain_rows(0, first, seq).input_ids)
     parts = [r for r in s3_proxy.requests if r.key.endswith(".parquet")]
     heads, gets = (sum(r.method == m for r in parts) for m in ("HEAD", "GET"))
     print(f"\nserving a packed directory of {first} rows in 2 parts / 4 row groups from S3: "
