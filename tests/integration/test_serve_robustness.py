@@ -6,8 +6,9 @@ and start-up mistakes. Real servers on 127.0.0.1, each with its own embedded Ray
   by two more processes; to the server, and to its whole process group as Ctrl-C sends it):
   every one exits 0 after its drain, and no process of the server or its embedded Ray is left.
   ``tests/stress/serve_sigterm.py`` runs the same 100 times, CPUs busy or not (not in CI).
-* A reader's time over the whole stream with a peeker every 2 s (open at cursor 0, one batch,
-  cancel) stays within 1.5x of its time alone; both get exactly their rows.
+* A reader's time over the whole stream with a peeker every 1 s (open at cursor 0, one batch,
+  cancel) stays within 2x of its time alone (a starved one takes several times as long); both
+  get exactly their rows.
 * Reader restarts (a lone consumer jumping between the ends of the stream) leave no actor
   behind and the server's memory flat.
 * ``--max-consumers`` limits streams only: Describe and health checks still answer. An idle
@@ -165,26 +166,30 @@ def test_a_peeker_at_cursor_0_does_not_starve_a_reader(tmp_path):
         alone, rows_alone = read_all(server.target)  # the reader starts over at window 0, alone
         stop, peeks = threading.Event(), []
 
-        def peeker() -> None:
-            while not stop.wait(2.0):
+        def peeker() -> None:  # the first peek starts with the reader, the next ones 1 s apart
+            while True:
                 peeks.append(peek(server.target))
+                if stop.wait(1.0):
+                    return
 
         thread = threading.Thread(target=peeker, daemon=True)
         thread.start()
         result: list = []
         reader = threading.Thread(target=lambda: result.append(read_all(server.target)), daemon=True)
         reader.start()
-        reader.join(1.5 * alone + 30)  # a starved reader fails here, not at the test's timeout
+        reader.join(2.0 * alone + 30)  # a starved reader fails here, not at the test's timeout
         stop.set()
         thread.join(120)
-        assert result, f"the reader did not finish in {1.5 * alone + 30:.0f}s with a peeker (alone: {alone:.1f}s)"
+        assert result, f"the reader did not finish in {2.0 * alone + 30:.0f}s with a peeker (alone: {alone:.1f}s)"
         with_peeker, rows = result[0]
     total = len(rows_alone)
     assert rows == rows_alone == list(range(total)), "the reader gets every row exactly once, in order"
-    assert len(peeks) >= 2, "the peeker kept peeking during the read"
+    assert len(peeks) >= 2, "the peeker peeked while the reader read"
     assert all(p == [1, 3, 5, 7] for p in peeks), "every peek gets its own exact rows"
     print(f"reader alone {alone:.1f}s, with a peeker {with_peeker:.1f}s ({with_peeker / alone:.2f}x), {len(peeks)} peeks")
-    assert with_peeker <= 1.5 * alone, f"with a peeker every 2 s: {with_peeker:.1f}s, alone {alone:.1f}s"
+    # A starved reader (the old hub packed again from window 0 at every peek) takes several
+    # times as long; the bound leaves room for the peeks' own work on 2 shared cores.
+    assert with_peeker <= 2.0 * alone, f"with a peeker every 1 s: {with_peeker:.1f}s, alone {alone:.1f}s"
 
 
 # -- reader restarts -------------------------------------------------------------------------------
