@@ -188,4 +188,5 @@ def test_sft_trainer_first_step_loss_equals_packfeed_step(packed_dir, tokenizer,
     # Not vacuous: the micro-batches differ in trained tokens, so a mean of per-micro-batch
     # means (the normalisation both trainers avoid) would give another loss.
     means = [accumulate_gradients(copy.deepcopy(reference), [batch]).loss for batch in first_step]
-    assert abs(sum(means) / len(means) - ours.loss) > 100 * EQUAL_LOSS
+    # (told apart at this test's own tolerance, whatever the corpus's tokenizer makes of the rows)
+    assert abs(sum(means) / len(means) - ours.loss) > 2 * EQUAL_LOSS
