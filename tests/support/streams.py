@@ -147,3 +147,19 @@ def plain_rows(first: int, n: int, seq_len: int = 8) -> PackedRows:
                       position_ids=np.tile(np.arange(seq_len, dtype=np.int32), (n, 1)),
                       seq_lens=np.full(n, seq_len, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
                       segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n))
+
+
+def write_plain_packed_dir(out, groups=(5, 3, 4), seq_len: int = 8) -> int:
+    """A finished packed directory at ``out`` (a path or URI) of ``plain_rows``, one row group per
+    write of ``groups`` rows; returns its number of rows."""
+    from packfeed.service.packed.writer import ParquetRowWriter
+
+    writer = ParquetRowWriter(out, seq_len=seq_len, config_hash="abc")
+    first = 0
+    for n in groups:
+        writer.write(plain_rows(first, n, seq_len))
+        first += n
+    config = {"data": {"seq_len": seq_len, "tokenizer": "tok"}, "config_hash": "abc",
+              "tokenizer": {"name": "tok", "pad_id": 0, "vocab_size": 99}, "plan": {"epochs": 1}}
+    writer.close(config=config, stats={"rows": first, "epoch_rows": [first]}, status="complete")
+    return first

@@ -14,8 +14,7 @@ from packfeed.client.rows import PackedRows
 from packfeed.service import storage
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.row_stream import find_packed_dir, open_stream
-from packfeed.service.packed.writer import ParquetRowWriter
-from support.streams import plain_rows
+from support.streams import plain_rows, write_plain_packed_dir
 
 SEQ = 8
 GROUPS = (5, 3, 4)  # rows of each write: one row group each
@@ -69,14 +68,7 @@ def test_a_manifest_on_a_store_writes_whole_objects_at_a_bounded_rate(store, mon
 def test_a_packed_directory_on_a_store_streams_the_rows_of_the_local_one(tmp_path, store):
     streams = {}
     for name, out in (("local", str(tmp_path / "packed")), ("store", f"{store}/packed")):
-        writer = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
-        first = 0
-        for n in GROUPS:
-            writer.write(rows(first, n))
-            first += n
-        config = {"data": {"seq_len": SEQ, "tokenizer": "tok"}, "config_hash": "abc",
-                  "tokenizer": {"name": "tok", "pad_id": 0, "vocab_size": 99}, "plan": {"epochs": 1}}
-        writer.close(config=config, stats={"rows": first, "epoch_rows": [first]}, status="complete")
+        write_plain_packed_dir(out, GROUPS, SEQ)
         streams[name] = open_stream(find_packed_dir([out]))
     local, remote = streams["local"], streams["store"]
     assert (remote.manifest_key, remote.known_first_rows, remote.known_total) == (

@@ -10,8 +10,7 @@ import pytest
 from packfeed.client.rows import PackedRows
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir, open_stream
-from packfeed.service.packed.writer import ParquetRowWriter
-from support.streams import plain_rows
+from support.streams import plain_rows, write_plain_packed_dir
 
 SEQ = 8
 GROUPS = (5, 3, 4)  # rows of each write: one row group each
@@ -24,14 +23,7 @@ def rows(first: int, n: int) -> PackedRows:
 @pytest.fixture
 def packed(tmp_path):
     out = tmp_path / "packed"
-    writer = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
-    first = 0
-    for n in GROUPS:
-        writer.write(rows(first, n))
-        first += n
-    config = {"data": {"seq_len": SEQ, "tokenizer": "tok"}, "config_hash": "abc",
-              "tokenizer": {"name": "tok", "pad_id": 0, "vocab_size": 99}, "plan": {"epochs": 1}}
-    writer.close(config=config, stats={"rows": first, "epoch_rows": [first]}, status="complete")
+    write_plain_packed_dir(out, GROUPS, SEQ)
     return out
 
 
