@@ -15,6 +15,9 @@ position_ids    int32[L]     0, 1, 2, ... restarting at 0 at every segment start
 seq_lens        int32[k]     lengths of the k segments, padding segment included; sum is L
 sample_ids      int64[k]     global source index of each segment's sample; PAD_SAMPLE_ID (-1)
                              for the padding segment
+pair_roles      int8[k]      the segment's side of a preference pair: PAIR_CHOSEN (1),
+                             PAIR_REJECTED (0), PAIR_NONE (-1) for every other segment and
+                             padding
 row_index       int64        position of the row in the deterministic stream
 ==============  ===========  ==============================================================
 
@@ -25,6 +28,21 @@ Worked example, L=8, samples 7 ([5,6,7]) and 9 ([8,9]), loss on every token::
     position_ids = [0, 1, 2, 0, 1, 0, 1, 2]
     seq_lens     = [3, 2, 3]
     sample_ids   = [7, 9, -1]
+    pair_roles   = [-1, -1, -1]
+
+A preference pair (DPO) is one sample, one global id, with two segments: prompt + chosen
+answer, then prompt + rejected answer, adjacent in the same row, the chosen first. Labels
+are IGNORE_INDEX on the prompt tokens of both. L=10, pair 4 (prompt [5, 6], chosen [7],
+rejected [8, 9]) then sample 9 ([3, 2])::
+
+    input_ids    = [5, 6, 7, 5, 6, 8, 9, 3, 2, 0]
+    labels       = [-100, -100, 7, -100, -100, 8, 9, -100, 2, -100]
+    position_ids = [0, 1, 2, 0, 1, 2, 3, 0, 1, 0]
+    seq_lens     = [3, 4, 2, 1]
+    sample_ids   = [4, 4, 9, -1]
+    pair_roles   = [1, 0, -1, -1]
+
+Rows written before ``pair_roles`` existed read as PAIR_NONE everywhere.
 
 This module imports only numpy: the service writes rows with it, the client and the trainer
 read them with it.
@@ -41,10 +59,13 @@ from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
 
 IGNORE_INDEX = -100
 PAD_SAMPLE_ID = -1
+PAIR_CHOSEN = 1
+PAIR_REJECTED = 0
+PAIR_NONE = -1
 
 # Fixed-length columns ([L] per row) and variable-length ones ([k] per row).
 TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
-SEGMENT_COLUMNS = ("seq_lens", "sample_ids")
+SEGMENT_COLUMNS = ("seq_lens", "sample_ids", "pair_roles")
 ROW_COLUMNS = TOKEN_COLUMNS + SEGMENT_COLUMNS + ("row_index",)
 COLUMN_DTYPES = {
     "input_ids": np.int32,
@@ -52,6 +73,7 @@ COLUMN_DTYPES = {
     "position_ids": np.int32,
     "seq_lens": np.int32,
     "sample_ids": np.int64,
+    "pair_roles": np.int8,
     "row_index": np.int64,
 }
 
@@ -109,6 +131,11 @@ class PackedRows:
     sample_ids: np.ndarray  # int64 [total segments]
     segment_splits: np.ndarray  # int64 [B + 1]
     row_index: np.ndarray  # int64 [B]
+    pair_roles: np.ndarray | None = None  # int8 [total segments]; None -> all PAIR_NONE
+
+    def __post_init__(self) -> None:
+        if self.pair_roles is None:
+            object.__setattr__(self, "pair_roles", no_pair_roles(len(self.seq_lens)))
 
     @property
     def num_rows(self) -> int:
@@ -129,12 +156,18 @@ class PackedRows:
     def row_sample_ids(self, r: int) -> np.ndarray:
         return self.sample_ids[self.segment_splits[r] : self.segment_splits[r + 1]]
 
+    def row_pair_roles(self, r: int) -> np.ndarray:
+        return self.pair_roles[self.segment_splits[r] : self.segment_splits[r + 1]]
+
     @classmethod
     def from_columns(cls, columns: Mapping[str, object]) -> "PackedRows":
-        """Build from per-row columns as read from Parquet or a Ray batch (lists per row)."""
+        """Build from per-row columns as read from Parquet or a Ray batch (lists per row).
+        Without a ``pair_roles`` column, or with None for a row (data written before it
+        existed, read with today's schema), those segments are PAIR_NONE."""
         seq_lens = [np.asarray(x, dtype=np.int32) for x in columns["seq_lens"]]
         sample_ids = [np.asarray(x, dtype=np.int64) for x in columns["sample_ids"]]
         splits = offsets_of([len(x) for x in seq_lens])
+        roles = columns.get("pair_roles")
         ids = np.asarray(_stack(columns["input_ids"]), dtype=np.int32)
         row_index = columns.get("row_index")
         return cls(
@@ -149,7 +182,18 @@ class PackedRows:
                 if row_index is not None
                 else np.arange(ids.shape[0], dtype=np.int64)
             ),
+            pair_roles=(
+                np.concatenate([no_pair_roles(len(lens)) if x is None else np.asarray(x, dtype=np.int8)
+                                for x, lens in zip(roles, seq_lens)] or [np.zeros(0, np.int8)])
+                if roles is not None
+                else None
+            ),
         )
+
+
+def no_pair_roles(num_segments: int) -> np.ndarray:
+    """``pair_roles`` of segments that belong to no preference pair: PAIR_NONE each, int8."""
+    return np.full(num_segments, PAIR_NONE, dtype=np.int8)
 
 
 def padding_rows(
@@ -173,6 +217,7 @@ def padding_rows(
         sample_ids=np.full(num_rows, PAD_SAMPLE_ID, dtype=np.int64),
         segment_splits=np.arange(num_rows + 1, dtype=np.int64),
         row_index=index,
+        pair_roles=no_pair_roles(num_rows),
     )
 
 
@@ -192,6 +237,7 @@ def concat_rows(parts: Sequence[PackedRows]) -> PackedRows:
         sample_ids=np.concatenate([p.sample_ids for p in parts]),
         segment_splits=np.concatenate(splits).astype(np.int64),
         row_index=np.concatenate([p.row_index for p in parts]),
+        pair_roles=np.concatenate([p.pair_roles for p in parts]),
     )
 
 
@@ -215,6 +261,7 @@ def select_rows(rows: PackedRows, positions: Sequence[int] | np.ndarray | range)
         sample_ids=rows.sample_ids[segments],
         segment_splits=splits,
         row_index=rows.row_index[pos],
+        pair_roles=rows.pair_roles[segments],
     )
 
 
@@ -237,15 +284,20 @@ def check_rows(rows: PackedRows, seq_len: int) -> None:
     Checks every invariant a consumer relies on: fixed row length, segment lengths summing to
     L, positions restarting at every segment and only there, the first label of every segment
     masked, trained labels equal to their tokens, padding masked, last and tagged
-    PAD_SAMPLE_ID. Used by tests and by ``packfeed pack --validate``.
+    PAD_SAMPLE_ID, and whole preference pairs: a PAIR_CHOSEN segment right before a
+    PAIR_REJECTED one of the same sample id in the same row, each only in such a pair, padding
+    PAIR_NONE. Used by tests and by ``packfeed pack --validate``.
     """
     ids, labels, positions = rows.input_ids, rows.labels, rows.position_ids
     if ids.ndim != 2 or ids.shape[1] != seq_len:
         raise ValueError(f"input_ids must be [B, {seq_len}], got {ids.shape}")
     if labels.shape != ids.shape or positions.shape != ids.shape:
         raise ValueError("input_ids, labels and position_ids must have the same shape")
-    if len(rows.seq_lens) != len(rows.sample_ids) or rows.segment_splits[-1] != len(rows.seq_lens):
-        raise ValueError("seq_lens and sample_ids must have one entry per segment")
+    if (len(rows.seq_lens) != len(rows.sample_ids) or len(rows.pair_roles) != len(rows.seq_lens)
+            or rows.segment_splits[-1] != len(rows.seq_lens)):
+        raise ValueError("seq_lens, sample_ids and pair_roles must have one entry per segment")
+    if not np.isin(rows.pair_roles, (PAIR_NONE, PAIR_REJECTED, PAIR_CHOSEN)).all():
+        raise ValueError(f"pair_roles must hold {PAIR_CHOSEN}, {PAIR_REJECTED} or {PAIR_NONE} only")
     for r in range(ids.shape[0]):
         lens = rows.row_seq_lens(r).astype(np.int64)
         sids = rows.row_sample_ids(r)
@@ -264,3 +316,18 @@ def check_rows(rows: PackedRows, seq_len: int) -> None:
             raise ValueError(f"row {r}: padding tokens must not be trained")
         if (sids[:-1] == PAD_SAMPLE_ID).any():
             raise ValueError(f"row {r}: only the last segment of a row may be padding")
+        _check_pairs(r, sids, rows.row_pair_roles(r))
+
+
+def _check_pairs(r: int, sids: np.ndarray, roles: np.ndarray) -> None:
+    """Every chosen segment is followed by a rejected one of the same sample, and every
+    rejected one follows such a chosen one: roles [1, 0, -1] pass, [1, -1], [0, 1] fail."""
+    chosen = np.flatnonzero(roles == PAIR_CHOSEN)
+    rejected = np.flatnonzero(roles == PAIR_REJECTED)
+    if (roles[sids == PAD_SAMPLE_ID] != PAIR_NONE).any():
+        raise ValueError(f"row {r}: padding segments must have pair role {PAIR_NONE}")
+    if not np.array_equal(chosen + 1, rejected) or (sids[chosen] != sids[rejected]).any():
+        raise ValueError(
+            f"row {r}: pair_roles {roles.tolist()}: every chosen segment ({PAIR_CHOSEN}) must be followed "
+            f"by the rejected one ({PAIR_REJECTED}) of the same sample, and no segment of a pair stand alone"
+        )

@@ -9,6 +9,7 @@ Worked example, B=1, L=4, samples 7 ([5, 6]) then padding::
     input_ids      b'\\x05\\0\\0\\0 \\x06\\0\\0\\0 \\0\\0\\0\\0 \\0\\0\\0\\0'   int32 [5, 6, 0, 0]
     seq_lens       int32 [2, 2]      segment_splits int64 [0, 2]
     sample_ids     int64 [7, -1]     row_index int64 [12]      padding_rows uint8 [0]
+    pair_roles     int8 [-1, -1]     (absent in a message from an older server: all -1)
 
 Decoded arrays are READ-ONLY views of the message's bytes objects (``flags.writeable`` is
 False, ``flags.owndata`` is False): copy one (``arr.copy()``) before writing to it. They keep
@@ -22,7 +23,7 @@ Two decoders, same result and checks:
   ``bytes`` on every access (``decode_batch`` reads each field once). The views are then over
   those bytes.
 * ``decode_batch_bytes(data)`` from the serialized message, e.g. as the gRPC stub's response
-  deserializer: a 12-field wire-format loop, the arrays are views into the very buffer gRPC
+  deserializer: a 13-field wire-format loop, the arrays are views into the very buffer gRPC
   received. No copy anywhere after gRPC; the one the client should use on the hot path.
 
 Encoding makes one ``tobytes`` copy per column. Cost: O(B*L) memcpy to encode; decoding is O(B)
@@ -34,12 +35,13 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import numpy as np
-from packfeed.client.rows import PackedRows
+from packfeed.client.rows import PackedRows, no_pair_roles
 from packfeed.client.v1 import packfeed_pb2
 
 WIRE_VERSION = 1
 I4 = np.dtype("<i4")
 I8 = np.dtype("<i8")
+I1 = np.dtype("i1")
 U1 = np.dtype("u1")
 
 PackedBatch = packfeed_pb2.PackedBatch
@@ -73,10 +75,12 @@ def encode_batch(
     k = len(rows.seq_lens)
     if rows.labels.shape != (b, seq_len) or rows.position_ids.shape != (b, seq_len):
         raise ValueError(f"labels and position_ids must be [{b}, {seq_len}] like input_ids")
-    if len(rows.sample_ids) != k or rows.segment_splits.shape != (b + 1,) or len(rows.row_index) != b:
+    if (len(rows.sample_ids) != k or len(rows.pair_roles) != k or rows.segment_splits.shape != (b + 1,)
+            or len(rows.row_index) != b):
         raise ValueError(
-            f"need sample_ids [{k}] (one per segment), segment_splits [{b + 1}] and row_index [{b}]; "
-            f"got {len(rows.sample_ids)}, {rows.segment_splits.shape}, {len(rows.row_index)}"
+            f"need sample_ids and pair_roles [{k}] (one per segment), segment_splits [{b + 1}] and row_index "
+            f"[{b}]; got {len(rows.sample_ids)}, {len(rows.pair_roles)}, {rows.segment_splits.shape}, "
+            f"{len(rows.row_index)}"
         )
     if padding_rows is None:
         padding_rows = np.zeros(b, dtype=bool)
@@ -98,6 +102,7 @@ def encode_batch(
         padding_rows=_le_bytes(padding_rows.astype(bool), U1),
         cursor=int(cursor),
         step=int(step),
+        pair_roles=_le_bytes(rows.pair_roles, I1),
     )
 
 
@@ -120,6 +125,10 @@ def _decode(num_rows: int, seq_len: int, cursor: int, step: int, field: Callable
             f"{splits[:4].tolist()}...{splits[-1:].tolist()}"
         )
     padding = _view("padding_rows", field("padding_rows"), U1, b)
+    roles_bytes = field("pair_roles")  # empty from an older server: no pairs
+    roles = _view("pair_roles", roles_bytes, I1, k) if len(roles_bytes) or not k else no_pair_roles(k)
+    if ((roles < -1) | (roles > 1)).any():
+        raise ValueError("malformed PackedBatch: pair_roles must hold -1, 0 or 1 per segment")
     if (padding > 1).any():
         raise ValueError("malformed PackedBatch: padding_rows must hold 0 or 1 per row")
     rows = PackedRows(
@@ -130,6 +139,7 @@ def _decode(num_rows: int, seq_len: int, cursor: int, step: int, field: Callable
         sample_ids=_view("sample_ids", field("sample_ids"), I8, k),
         segment_splits=splits,
         row_index=_view("row_index", field("row_index"), I8, b),
+        pair_roles=roles,
     )
     return DecodedBatch(rows=rows, padding_rows=padding.view(np.bool_), cursor=int(cursor), step=int(step))
 

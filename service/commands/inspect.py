@@ -76,15 +76,17 @@ def decode_row(directory: Path, index: int, tokenizer_name: str) -> str:
     labels = np.asarray(table.column("labels")[0].as_py())
     lens = table.column("seq_lens")[0].as_py()
     sids = table.column("sample_ids")[0].as_py()
+    roles = table.column("pair_roles")[0].as_py() if "pair_roles" in table.column_names else [-1] * len(lens)
     lines = [f"row {index} (stream row {table.column('row_index')[0].as_py()}): {len(lens)} segment(s)"]
     start = 0
-    for k, (n, sid) in enumerate(zip(lens, sids)):
+    for k, (n, sid, role) in enumerate(zip(lens, sids, roles)):
         seg_ids, trained = ids[start:start + n], labels[start:start + n] != IGNORE_INDEX
         start += n
         if sid == PAD_SAMPLE_ID:
             lines.append(f"segment {k}: padding, {n} tokens")
             continue
-        lines.append(f"segment {k}: sample {sid}, {n} tokens, {int(trained.sum())} trained")
+        side = {1: " (pair: chosen)", 0: " (pair: rejected)"}.get(role, "")
+        lines.append(f"segment {k}: sample {sid}{side}, {n} tokens, {int(trained.sum())} trained")
         lines.append("  " + _marked(tok, seg_ids, trained).replace("\n", "\n  "))
     return "\n".join(lines)
 

@@ -7,11 +7,15 @@ tokenizer adds its own skips (``template_error``, ``tokenizer_error``, ``no_trai
 Sample formats (TRL's): ``text`` ({"text": str}); ``prompt_completion`` ({"prompt",
 "completion"}: both strings, or both lists of messages); ``messages`` ({"messages": [...]},
 each message {"role": system|user|assistant|tool, "content": str | [{"type": "text",
-"text": str}, ...]}). An optional ``tools`` field (list, or JSON string) is kept for the chat
-template. The format is given per source, or ``auto``: detected for every row from its own
-fields (a null field counts as absent), so one file may mix formats: "messages" -> messages;
-"prompt" and "completion" -> prompt_completion; "text" -> text (also beside only one half of a
-pair); only one half and no "text" -> missing_field naming the other half; none -> missing_field.
+"text": str}, ...]}); ``preference`` ({"prompt", "chosen", "rejected"}: all strings, or all
+lists of messages; or implicit prompt: only "chosen" and "rejected", whole texts or
+conversations whose shared beginning is the prompt, found as TRL's ``extract_prompt`` finds it).
+An optional ``tools`` field (list, or JSON string) is kept for the chat template. The format is
+given per source, or ``auto``: detected for every row from its own fields (a null field counts
+as absent), so one file may mix formats: "chosen" or "rejected" -> preference; "messages" ->
+messages; "prompt" and "completion" -> prompt_completion; "text" -> text (also beside only one
+half of a pair); only one half and no "text" -> missing_field naming the other half; none ->
+missing_field.
 
 Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``text`` and
 ``completion`` strings must hold a non-whitespace character; a ``prompt`` string may be empty;
@@ -19,7 +23,10 @@ Validation rules (each failure is a ``Skip`` with one of ``SKIP_REASONS``): ``te
 content may be "" (empty system prompts are common); keys whose value is null are dropped from
 messages, as ``apply_chat_template`` does; a message without content is accepted only when it
 has ``tool_calls``. Records are returned as: text -> ``str``; prompt_completion ->
-``PromptCompletion``; messages -> ``Conversation``.
+``PromptCompletion``; messages -> ``Conversation``; preference -> ``Preference`` (the prompt
+extracted when implicit; its answers must be non-blank strings or non-empty message lists, and an
+implicit conversational prompt must hold at least one message). A string ``prompt`` beside
+conversational answers is ignored and the prompt extracted, as TRL's ``maybe_extract_prompt`` does.
 """
 
 from __future__ import annotations
@@ -112,6 +119,16 @@ class Conversation(NamedTuple):
     tools: list[Any] | None = None
 
 
+class Preference(NamedTuple):
+    """A preference pair: all three strings (standard) or all three message lists
+    (conversational); ``prompt`` already extracted for the implicit-prompt form."""
+
+    prompt: str | list[dict[str, Any]]
+    chosen: str | list[dict[str, Any]]
+    rejected: str | list[dict[str, Any]]
+    tools: list[Any] | None = None
+
+
 class InvalidRecord(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         self.reason, self.detail = reason, detail
@@ -154,12 +171,58 @@ def _parse_conversation(get: Callable[[str], Any]) -> Conversation:
     return Conversation(_parse_messages(messages, "messages"), _parse_tools(get("tools")))
 
 
+def _parse_preference(get: Callable[[str], Any]) -> Preference:
+    prompt, chosen, rejected = get("prompt"), get("chosen"), get("rejected")
+    for name, value in (("chosen", chosen), ("rejected", rejected)):
+        if value is MISSING:
+            raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
+        if value is None:
+            raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    tools = _parse_tools(get("tools"))
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        if not _present(prompt):
+            prompt, chosen, rejected = extract_prompt(chosen, rejected)
+        elif not isinstance(prompt, str):
+            raise InvalidRecord(WRONG_TYPE, f"'prompt' is a {type(prompt).__name__}, but 'chosen'/'rejected' are strings")
+        return Preference(prompt, _nonblank_str(chosen, "chosen"), _nonblank_str(rejected, "rejected"), tools)
+    if isinstance(chosen, list) and isinstance(rejected, list):
+        if not isinstance(prompt, list):  # absent, or a plain-text copy of the prompt (TRL ignores it too)
+            prompt, chosen, rejected = extract_prompt(chosen, rejected)
+            if not prompt:
+                raise InvalidRecord(EMPTY_FIELD, "'chosen' and 'rejected' share no first message: no prompt to extract")
+        prompt = _parse_messages(prompt, "prompt")
+        return Preference(prompt, _parse_messages(chosen, "chosen"), _parse_messages(rejected, "rejected"), tools)
+    raise InvalidRecord(
+        WRONG_TYPE,
+        f"'chosen' ({type(chosen).__name__}) and 'rejected' ({type(rejected).__name__}) must both be strings or "
+        "both be lists of messages",
+    )
+
+
+def extract_prompt(chosen, rejected):
+    """(prompt, chosen, rejected) of an implicit-prompt pair, TRL's ``extract_prompt`` rule: the
+    prompt is the longest shared beginning (messages, or characters of strings, then less a space
+    it ends with); if one is a beginning of the other, all but the last shared element. Unlike
+    TRL, a first element that already differs gives an empty prompt (TRL would look at index -1).
+    ``("Q: hi A: yes", "Q: hi A: no")`` -> ``("Q: hi A:", " yes", " no")``."""
+    idx = 0
+    for idx in range(min(len(chosen), len(rejected))):
+        if chosen[idx] != rejected[idx]:
+            if idx > 0 and chosen[idx - 1] == " ":
+                idx -= 1
+            break
+    return chosen[:idx], chosen[idx:], rejected[idx:]
+
+
 def _present(value: Any) -> bool:
     return value is not MISSING and value is not None
 
 
 def _parse_auto(get: Callable[[str], Any]) -> Any:
-    """The row's own format: messages, else prompt/completion, else text (see the module doc)."""
+    """The row's own format: preference, else messages, else prompt/completion, else text (see
+    the module doc)."""
+    if _present(get("chosen")) or _present(get("rejected")):
+        return _parse_preference(get)  # names the half that is missing
     if _present(get("messages")):
         return _parse_conversation(get)
     if _present(get("prompt")) or _present(get("completion")):
@@ -183,6 +246,7 @@ RECORD_PARSERS: dict[str, Callable[[Callable[[str], Any]], Any]] = {
     "text": _parse_text,
     "prompt_completion": _parse_prompt_completion,
     "messages": _parse_conversation,
+    "preference": _parse_preference,
 }
 
 
@@ -190,6 +254,8 @@ def record_format(record: Any) -> str:
     """The format name of a parsed record (``str`` -> text, ...)."""
     if isinstance(record, str):
         return "text"
+    if isinstance(record, Preference):
+        return "preference"
     return "prompt_completion" if isinstance(record, PromptCompletion) else "messages"
 
 

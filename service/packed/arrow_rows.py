@@ -1,8 +1,9 @@
 """Packed rows <-> Arrow tables: the layout of the Ray stream and of the Parquet output.
 
 Every column of the packed row (docs/design.md) is a list column (``input_ids``, ``labels``, ``position_ids``:
-int32 lists of length L; ``seq_lens`` int32 and ``sample_ids`` int64 lists of the row's
-segments) plus ``row_index`` int64. Converting back to numpy copies nothing for a table of
+int32 lists of length L; ``seq_lens`` int32, ``sample_ids`` int64 and ``pair_roles`` int8 lists
+of the row's segments) plus ``row_index`` int64. A table without ``pair_roles`` (written before
+it existed) reads as rows without preference pairs (PAIR_NONE). Converting back to numpy copies nothing for a table of
 one chunk: the flat list values are reshaped to [B, L].
 """
 
@@ -20,6 +21,7 @@ ROW_SCHEMA = pa.schema(
         ("position_ids", pa.list_(pa.int32())),
         ("seq_lens", pa.list_(pa.int32())),
         ("sample_ids", pa.list_(pa.int64())),
+        ("pair_roles", pa.list_(pa.int8())),
         ("row_index", pa.int64()),
     ]
 )
@@ -40,6 +42,7 @@ def rows_to_arrow(rows: PackedRows) -> pa.Table:
             tokens(rows.position_ids),
             pa.ListArray.from_arrays(segment_offsets, pa.array(rows.seq_lens, type=pa.int32())),
             pa.ListArray.from_arrays(segment_offsets, pa.array(rows.sample_ids, type=pa.int64())),
+            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.pair_roles, type=pa.int8())),
             pa.array(rows.row_index, type=pa.int64()),
         ],
         schema=ROW_SCHEMA,
@@ -47,7 +50,8 @@ def rows_to_arrow(rows: PackedRows) -> pa.Table:
 
 
 def rows_from_arrow(table: pa.Table | pa.RecordBatch) -> PackedRows:
-    """Inverse of ``rows_to_arrow``; accepts any table with the row columns."""
+    """Inverse of ``rows_to_arrow``; accepts any table with the row columns (``pair_roles``
+    optional)."""
     num_rows = table.num_rows
 
     def column(name: str) -> pa.Array:
@@ -69,4 +73,9 @@ def rows_from_arrow(table: pa.Table | pa.RecordBatch) -> PackedRows:
         sample_ids=column("sample_ids").flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
         segment_splits=splits,
         row_index=column("row_index").to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
+        pair_roles=(
+            column("pair_roles").flatten().to_numpy(zero_copy_only=False).astype(np.int8, copy=False)
+            if "pair_roles" in table.schema.names and (column("pair_roles").null_count < num_rows or not num_rows)
+            else None  # written before the column (absent, or all null when read with ROW_SCHEMA)
+        ),
     )

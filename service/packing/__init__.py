@@ -5,9 +5,10 @@ numpy-only row convention of ``packfeed.client``: rows.py, offsets.py).
     assemble_rows(packing, tokens, labels, ...) -> packfeed.client.rows.PackedRows
     check_packing(packing, lengths, seq_len, ...)   # raises unless the packing is correct
 
-Modules: api (pack), types (Packing), overlong (policies), registry (STRATEGIES), exactfit,
-bfd and concat (one strategy each), bounds (lower bounds on rows), assemble (rows), check
-(invariants), synthetic (length distributions for tests and the benchmark). Index runs and
+Modules: api (pack), types (Packing), overlong (policies), pairs (overlong preference pairs
+truncated before packing), registry (STRATEGIES), exactfit, bfd and concat (one strategy each),
+bounds (lower bounds on rows), assemble (rows), check (invariants), synthetic (length
+distributions for tests and the benchmark). Index runs and
 offsets come from ``packfeed.client.offsets`` (``concat_ranges``, ``offsets_of``).
 
 The Ray Data stage, the CLI and the benchmark call these; they hold no packing logic.

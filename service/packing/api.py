@@ -13,7 +13,9 @@ from .registry import get_strategy
 from .types import Packing
 
 
-def pack(lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "truncate") -> Packing:
+def pack(
+    lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "truncate", pairs=None
+) -> Packing:
     """Pack samples of the given token counts into rows of ``seq_len`` slots.
 
     Args:
@@ -38,6 +40,10 @@ def pack(lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "
 
         Under concat, samples of at most seq_len tokens are cut at row ends too: that is
         what concat does, and it is not recorded (``segment_start > 0`` shows it).
+      pairs: optional bool [n], True for preference pairs: each is packed whole, as one
+        segment, by every strategy (concat moves one that would cross a row end to the next
+        row), and an overlong one is dropped under every policy (its pair-aware truncation
+        happens before packing: ``pairs.fit_pairs``).
 
     Returns a ``Packing``; the same inputs always give identical arrays.
 
@@ -51,8 +57,10 @@ def pack(lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "
     chosen = get_strategy(strategy)
     check_policy(overlong)
 
-    pieces = resolve_overlong(lengths, seq_len, overlong, whole_pieces=not chosen.cuts_at_row_ends)
-    layout = chosen(pieces.length, seq_len)
+    pairs = _check_pairs(pairs, len(lengths))
+    pieces = resolve_overlong(lengths, seq_len, overlong, whole_pieces=not chosen.cuts_at_row_ends, pairs=pairs)
+    whole = None if pairs is None else (pairs if pieces.sample is None else pairs[pieces.sample])
+    layout = chosen(pieces.length, seq_len, whole)
     segment_sample = layout.piece if pieces.sample is None else pieces.sample[layout.piece]
     segment_start = layout.offset if pieces.start is None else pieces.start[layout.piece] + layout.offset
     return Packing(
@@ -64,6 +72,15 @@ def pack(lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "
         split=pieces.split,
         dropped=pieces.dropped,
     )
+
+
+def _check_pairs(pairs, n: int) -> np.ndarray | None:
+    if pairs is None:
+        return None
+    pairs = np.asarray(pairs)
+    if pairs.shape != (n,) or pairs.dtype != bool:
+        raise ValueError(f"pairs must be a bool mask with one entry per sample ({n}), got {pairs.dtype} {pairs.shape}")
+    return pairs if pairs.any() else None
 
 
 def _check_seq_len(seq_len) -> int:

@@ -11,7 +11,9 @@ it, and a pipeline can run it on a sample of windows. Checks:
   for the policy, and empty for the others;
 * bfd, exactfit (strategies that do not cut at row ends): every segment is a whole sample,
   or under ``split`` a whole ``seq_len``-aligned piece;
-* concat: every row but the last is exactly full and the stream is in input order.
+* concat: every row but the last is exactly full and the stream is in input order;
+* with ``pairs``: every kept pair is one whole segment, every overlong pair dropped, and a
+  concat row ends early only where the pair that starts the next row would not fit.
 
 Cost: O(segments log segments), vectorised.
 
@@ -31,11 +33,13 @@ from .types import Packing
 
 
 def check_packing(
-    packing: Packing, lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "truncate"
+    packing: Packing, lengths, seq_len: int, *, strategy: str = "exactfit", overlong: str = "truncate",
+    pairs=None,
 ) -> None:
     """Raise ValueError unless ``packing`` is what ``pack(lengths, seq_len, strategy=...,
-    overlong=...)`` may return (see the module docstring for the list of checks)."""
+    overlong=..., pairs=...)`` may return (see the module docstring for the list of checks)."""
     lengths = np.asarray(lengths, dtype=np.int64)
+    pairs = np.zeros(len(lengths), dtype=bool) if pairs is None else np.asarray(pairs, dtype=bool)
     whole_samples = not get_strategy(strategy).cuts_at_row_ends
     check_policy(overlong)
     seg_sample, seg_start, seg_len = packing.segment_sample, packing.segment_start, packing.segment_len
@@ -58,8 +62,9 @@ def check_packing(
 
     # The overlong policy's records.
     over = np.flatnonzero(lengths > seq_len)
-    expected = {"truncated": over[:0], "split": over[:0], "dropped": over[:0]}
-    expected[{"truncate": "truncated", "split": "split", "drop": "dropped"}[overlong]] = over
+    expected = {"truncated": over[:0], "split": over[:0], "dropped": over[pairs[over]]}
+    name = {"truncate": "truncated", "split": "split", "drop": "dropped"}[overlong]
+    expected[name] = np.union1d(expected[name], over[~pairs[over]])
     for name, want in expected.items():
         if not np.array_equal(getattr(packing, name), want):
             raise ValueError(f"{name} must list exactly the samples the {overlong!r} policy touched")
@@ -70,6 +75,10 @@ def check_packing(
         kept[over] = seq_len
     elif overlong == "drop":
         kept[over] = 0
+    kept[over[pairs[over]]] = 0
+    pair_segments = pairs[seg_sample]
+    if ((seg_start != 0) | (seg_len != lengths[seg_sample]))[pair_segments].any():
+        raise ValueError("a preference pair was cut: it must be one whole segment")
     order = np.lexsort((seg_start, seg_sample))
     s, st, ln = seg_sample[order], seg_start[order], seg_len[order]
     first_of_sample = np.ones(len(s), dtype=bool)
@@ -91,8 +100,10 @@ def check_packing(
             raise ValueError(f"{strategy} cut a sample (or a split piece) across rows")
     elif strategy == "concat":
         row_tokens = packing.row_tokens()
-        if len(row_tokens) > 1 and (row_tokens[:-1] != seq_len).any():
-            raise ValueError("concat rows other than the last must be exactly full")
+        first = seg_sample[splits[1:-1]]  # the first sample of every row but the first
+        early = (row_tokens[:-1] != seq_len) & ~(pairs[first] & (row_tokens[:-1] + lengths[first] > seq_len))
+        if len(row_tokens) > 1 and early.any():
+            raise ValueError("concat rows other than the last must be exactly full (or leave room no pair fit)")
         if len(order) and not np.array_equal(order, np.arange(len(order))):
             raise ValueError("concat must lay samples out in input order")
 

@@ -14,6 +14,11 @@ split      pieces of L tokens each and a last shorter one: starts 0, L, 2L, ...
 drop       nothing (recorded in ``dropped``)
 =========  ==============================================================================
 
+A preference pair (``pairs``) is never cut: an overlong pair is dropped under every policy
+(recorded in ``dropped``). Truncating a pair means cutting its prompt from the left and its
+answers from the right, token work done before packing (``pairs.fit_pairs``), so a pair that
+still reaches here longer than L did not fit even so.
+
 Worked example, L = 4, lengths [2, 9, 4], policy split: pieces (sample, start, length) are
 (0, 0, 2), (1, 0, 4), (1, 4, 4), (1, 8, 1), (2, 0, 4); ``split == [1]``.
 
@@ -58,18 +63,20 @@ def check_policy(policy: str) -> None:
 
 
 def resolve_overlong(
-    lengths: np.ndarray, seq_len: int, policy: str, *, whole_pieces: bool = True
+    lengths: np.ndarray, seq_len: int, policy: str, *, whole_pieces: bool = True, pairs: np.ndarray | None = None
 ) -> Pieces:
     """Pieces to pack for ``lengths`` (int64, all >= 1) under ``policy``.
 
     ``whole_pieces=False`` keeps an overlong sample as one piece under ``split`` (for
     strategies that cut pieces at row ends themselves); it changes nothing for the other
-    policies.
+    policies. ``pairs``: optional bool [n], the preference pairs; an overlong one is dropped.
     """
     check_policy(policy)
     over = np.flatnonzero(lengths > seq_len)
     if len(over) == 0:
         return Pieces(None, None, lengths, _EMPTY, _EMPTY, _EMPTY)
+    if pairs is not None and pairs[over].any():
+        return _drop_overlong_pairs(lengths, seq_len, policy, whole_pieces, pairs, over)
     if policy == "truncate":
         return Pieces(None, None, np.minimum(lengths, seq_len), over, _EMPTY, _EMPTY)
     if policy == "drop":
@@ -84,3 +91,15 @@ def resolve_overlong(
     start = concat_ranges(np.zeros(len(lengths), dtype=np.int64), num_pieces) * seq_len
     length = np.minimum(lengths[sample] - start, seq_len)
     return Pieces(sample, start, length, _EMPTY, over, _EMPTY)
+
+
+def _drop_overlong_pairs(lengths, seq_len, policy, whole_pieces, pairs, over) -> Pieces:
+    """The other samples under ``policy``; the overlong pairs left out and listed as dropped."""
+    bad = over[pairs[over]]
+    keep = np.ones(len(lengths), dtype=bool)
+    keep[bad] = False
+    kept = np.flatnonzero(keep)
+    rest = resolve_overlong(lengths[kept], seq_len, policy, whole_pieces=whole_pieces)
+    sample = kept if rest.sample is None else kept[rest.sample]
+    return Pieces(sample, rest.start, rest.length, kept[rest.truncated], kept[rest.split],
+                  np.union1d(kept[rest.dropped], bad))

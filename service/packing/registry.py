@@ -2,7 +2,8 @@
 
 A strategy is a pure function ``(piece lengths int64, seq_len) -> Layout``. It also says
 whether it cuts pieces at row ends itself (concat does), in which case the ``split``
-overlong policy hands it whole samples instead of pre-cut pieces. Adding a strategy is one
+overlong policy hands it whole samples instead of pre-cut pieces, and it takes the mask of
+pieces it must not cut (preference pairs). Adding a strategy is one
 module and one line here.
 """
 
@@ -24,11 +25,14 @@ class Strategy:
     """A named packing function; calling it runs ``place``."""
 
     name: str
-    place: Callable[[np.ndarray, int], Layout]
+    place: Callable[..., Layout]
     cuts_at_row_ends: bool
     summary: str
 
-    def __call__(self, lengths: np.ndarray, seq_len: int) -> Layout:
+    def __call__(self, lengths: np.ndarray, seq_len: int, whole: np.ndarray | None = None) -> Layout:
+        """``whole``: bool [n], pieces never to cut; only a strategy that cuts needs to know."""
+        if self.cuts_at_row_ends:
+            return self.place(lengths, seq_len, whole)
         return self.place(lengths, seq_len)
 
 

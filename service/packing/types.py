@@ -52,8 +52,9 @@ class Packing:
     holds segments ``row_splits[r] : row_splits[r + 1]`` back to back, in that order.
 
     ``truncated``, ``split`` and ``dropped`` list (ascending) the samples longer than
-    ``seq_len`` and what the overlong policy did to them; nothing else is ever cut or left
-    out, except that the ``concat`` strategy cuts any sample at row ends by design.
+    ``seq_len`` and what the overlong policy did to them (an overlong preference pair is always
+    in ``dropped``); nothing else is ever cut or left out, except that the ``concat`` strategy
+    cuts any sample but a pair at row ends by design.
     """
 
     segment_sample: np.ndarray

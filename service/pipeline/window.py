@@ -11,6 +11,7 @@ first, and a trainer should not see all long samples at once.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
+from packfeed.service.packing.pairs import fit_pairs
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.inputs.records import record_format
 from packfeed.service.inputs.read import RawWindow, WindowSpec, read_window
@@ -43,8 +45,9 @@ def process_window(
         raw = read_window(spec, strict=config.strict)
     modes = _loss_modes(raw, plan)
     samples = _tokenize(raw, [(mode, tokenizers[mode]) for mode in modes], plan)
+    samples, pairs_truncated = _fit_pairs(samples, config)
     lengths = np.diff(samples.offsets)
-    packing = pack(lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong)
+    packing = pack(lengths, config.seq_len, strategy=config.strategy, overlong=config.overlong, pairs=samples.pairs)
     pad_id = next(iter(tokenizers.values())).pad_id
     rows = assemble_rows(
         packing,
@@ -55,12 +58,26 @@ def process_window(
         seq_len=config.seq_len,
         pad_id=pad_id,
         row_order=row_order(config.seed, spec.index, packing.num_rows),
+        pair_chosen_lens=samples.pair_chosen_lens,
     )
-    stats = window_stats(spec, raw, samples, packing, rows, plan)
+    stats = window_stats(spec, raw, samples, packing, rows, plan, pairs_truncated)
     stats.storage = io.counts
     for mode in modes if len(raw) else []:  # the back-ends that tokenized this window's samples
         stats.note_tokenizer(tokenizers[mode])
     return rows, stats
+
+
+def _fit_pairs(samples: TokenizedSamples, config: DataConfig) -> tuple[TokenizedSamples, np.ndarray]:
+    """Under overlong="truncate", overlong preference pairs cut to fit (packing/pairs.py); the
+    samples and the positions of the pairs that were cut. Other policies leave them to ``pack``,
+    which drops them (a pair is never split)."""
+    pairs = samples.pairs
+    if pairs is None or config.overlong != "truncate" or not pairs.any():
+        return samples, np.zeros(0, np.int64)
+    fitted = fit_pairs(samples.tokens, samples.labels, samples.offsets, samples.pair_chosen_lens,
+                       samples.pair_prompt_lens, seq_len=config.seq_len, max_prompt_tokens=config.prompt_budget)
+    return replace(samples, tokens=fitted.tokens, labels=fitted.labels, offsets=fitted.offsets,
+                   pair_chosen_lens=fitted.chosen_lens, pair_prompt_lens=fitted.prompt_lens), fitted.truncated
 
 
 def _loss_modes(raw: RawWindow, plan: StreamPlan) -> list[str]:
@@ -84,18 +101,28 @@ def _tokenize(
     for part in parts:  # a part whose samples were all skipped adds no offset, only its skips
         offsets.append(part.offsets[1:] + base)
         base += int(part.offsets[-1])
+    paired = any(p.pairs is not None for p in parts)
     return TokenizedSamples(
         tokens=np.concatenate([p.tokens for p in parts]),
         labels=np.concatenate([p.labels for p in parts]),
         offsets=np.concatenate(offsets),
         sample_ids=np.concatenate([p.sample_ids for p in parts]),
         skips=[s for p in parts for s in p.skips],
+        pair_chosen_lens=_pair_column(parts, "pair_chosen_lens") if paired else None,
+        pair_prompt_lens=_pair_column(parts, "pair_prompt_lens") if paired else None,
     )
 
 
+def _pair_column(parts: Sequence[TokenizedSamples], name: str) -> np.ndarray:
+    """A pair column of the parts one after the other, 0 for the parts without pairs."""
+    return np.concatenate([np.zeros(len(p), np.int64) if getattr(p, name) is None else getattr(p, name)
+                           for p in parts])
+
+
 def window_stats(spec: WindowSpec, raw: RawWindow, samples: TokenizedSamples, packing, rows: PackedRows,
-                 plan: StreamPlan) -> WindowStats:
-    """Per-source accounting of one window (see stats.py)."""
+                 plan: StreamPlan, pairs_truncated: np.ndarray | None = None) -> WindowStats:
+    """Per-source accounting of one window (see stats.py). ``pairs_truncated``: preference
+    pairs cut to fit before packing (counted as truncated, like the samples the packer cut)."""
     stats = WindowStats(window=spec.index, epoch=spec.epoch, rows=rows.num_rows)
     num_sources = len(plan.sources)
     read = np.zeros(num_sources, np.int64)
@@ -105,9 +132,11 @@ def window_stats(spec: WindowSpec, raw: RawWindow, samples: TokenizedSamples, pa
     skip_sources = plan.source_of([s.sample_id for s in skips]) if skips else np.zeros(0, np.int64)
     kept_sources = plan.source_of(samples.sample_ids)
     dropped = np.bincount(kept_sources[packing.dropped], minlength=num_sources)
-    truncated = np.bincount(kept_sources[packing.truncated], minlength=num_sources)
+    cut = packing.truncated if pairs_truncated is None else np.union1d(packing.truncated, pairs_truncated)
+    truncated = np.bincount(kept_sources[cut], minlength=num_sources)
     split = np.bincount(kept_sources[packing.split], minlength=num_sources)
     kept = np.bincount(kept_sources, minlength=num_sources)
+    pair_counts = _pair_counts(samples, packing, cut, kept_sources, num_sources)
     tokens, trained = _segment_tokens(rows, plan, num_sources)
     record_sources = raw.sources.tolist()
     for s in range(num_sources):
@@ -122,9 +151,24 @@ def window_stats(spec: WindowSpec, raw: RawWindow, samples: TokenizedSamples, pa
         stats.source(s).skipped[skip.reason] += 1
     for record, s in zip(raw.records, record_sources):
         stats.source(s).formats[record_format(record)] += 1
+    for s, c in stats.sources.items() if pair_counts is not None else ():
+        if c.formats["preference"]:  # the sources that read pairs (the others keep no pair counts)
+            c.pairs.update({"read": c.formats["preference"], **{k: int(v[s]) for k, v in pair_counts.items()}})
     stats.skip_examples = sorted(skips, key=lambda x: (x.sample_id, x.row))[:MAX_SKIP_EXAMPLES]
     stats.check_accounting()
     return stats
+
+
+def _pair_counts(samples: TokenizedSamples, packing, cut: np.ndarray, kept_sources: np.ndarray,
+                 num_sources: int) -> dict[str, np.ndarray] | None:
+    """Per source: preference pairs packed, truncated and dropped (None: the window has none)."""
+    pairs = samples.pairs
+    if pairs is None:
+        return None
+    per_source = {name: np.bincount(kept_sources[idx[pairs[idx]]], minlength=num_sources)
+                  for name, idx in (("truncated", cut), ("dropped", packing.dropped))}
+    per_source["packed"] = np.bincount(kept_sources[pairs], minlength=num_sources) - per_source["dropped"]
+    return per_source
 
 
 def _segment_tokens(rows: PackedRows, plan: StreamPlan, num_sources: int) -> tuple[np.ndarray, np.ndarray]:

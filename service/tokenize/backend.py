@@ -45,7 +45,7 @@ import numpy as np
 from packfeed.client.offsets import starts_of
 from packfeed.service.data.config import TOKENIZER_BACKENDS
 from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
-from packfeed.service.inputs.records import Conversation, PromptCompletion
+from packfeed.service.inputs.records import Conversation, Preference, PromptCompletion
 from packfeed.service.inputs.read import RawWindow
 
 logger = logging.getLogger(__name__)
@@ -430,6 +430,11 @@ def _record_chars(record: Any) -> int:
         return len(record)
     if type(record) is PromptCompletion and type(record.prompt) is str:
         return len(record.prompt) + len(record.completion)
+    if type(record) is Preference:
+        parts = (record.prompt, record.chosen, record.rejected)
+        if type(record.prompt) is str:
+            return sum(map(len, parts))
+        return sum(len(m.get("content") or "") + 16 for messages in parts for m in messages)
     messages = record.messages if type(record) is Conversation else record.prompt + record.completion
     return sum(len(m.get("content") or "") + 16 for m in messages)  # + the template's markup
 
@@ -444,6 +449,10 @@ def check_window(reference: Any, candidate: Any, sample: RawWindow) -> dict[str,
         raise FastPathRefused(f"skips differ on the first window's samples: HF {ref_skips[:2]}, fast {got_skips[:2]}")
     if not np.array_equal(reference.sample_ids, candidate.sample_ids):
         raise FastPathRefused("the fast back-end kept other samples than HF")
+    for field in ("pair_chosen_lens", "pair_prompt_lens"):
+        a, b = getattr(reference, field), getattr(candidate, field)
+        if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+            raise FastPathRefused(f"{field} of the preference pairs differ from HF")
     for i, sid in enumerate(reference.sample_ids.tolist()):
         a0, a1 = reference.offsets[i], reference.offsets[i + 1]
         b0, b1 = candidate.offsets[i], candidate.offsets[i + 1]

@@ -129,6 +129,16 @@ class ChatRenderer:
             return full, []
         return full, [(self._prefix_length(prompt, tools, full, True), len(full))]
 
+    def preference(self, prompt: list, chosen: list, rejected: list, tools: list | None) -> tuple[str, str, str]:
+        """A conversational preference pair as TRL's DPOTrainer renders it: the prompt with the
+        generation prompt, prompt + chosen and prompt + rejected (tokens decide where the
+        answers start: tokenize/pairs.py)."""
+        prompt, tools = self._plain(prompt, tools)
+        chosen, _ = self._plain(chosen, None)
+        rejected, _ = self._plain(rejected, None)
+        return (self.render(prompt, tools, True), self.render(prompt + chosen, tools),
+                self.render(prompt + rejected, tools))
+
     def _prefix_length(self, prefix: list[dict], tools: list | None, full: str, generation_prompt: bool) -> int:
         if not prefix:  # a conversation that opens with the assistant
             try:

@@ -17,6 +17,8 @@ strings                                                      token that ends ins
 prompt_completion,     chat template of prompt + completion  the completion messages, from the
 messages               (ids == apply_chat_template's)        end of the generation prompt
 messages               apply_chat_template(messages) ids     assistant turns (see below)
+preference             prompt + chosen, then prompt +        both answers (pairs.py: one
+                       rejected (TRL's DPO tokenization)     sample of two segments)
 =====================  ====================================  ================================
 
 ``loss="all"`` trains every token. With ``add_eos`` an EOS is appended unless the sample
@@ -50,22 +52,36 @@ from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.data.config import LOSS_MODES
 from packfeed.service.inputs.read import RawWindow
-from packfeed.service.inputs.records import NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, PromptCompletion, Skip
+from packfeed.service.inputs.records import (
+    NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, Preference, PromptCompletion, Skip,
+)
 from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
 from packfeed.service.tokenize.encoders import Encoded
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
+from packfeed.service.tokenize.pairs import encode_pairs
 
 
 @dataclass
 class TokenizedSamples:
-    """Sample i: ``tokens[offsets[i]:offsets[i+1]]``, labels alike, id ``sample_ids[i]``."""
+    """Sample i: ``tokens[offsets[i]:offsets[i+1]]``, labels alike, id ``sample_ids[i]``.
+
+    A preference pair is one sample: its chosen segment (the first ``pair_chosen_lens[i]``
+    tokens) then its rejected one, each opening with the same ``pair_prompt_lens[i]`` prompt
+    tokens. Both arrays are None when the window holds no pair (0 for a sample that is none)."""
 
     tokens: np.ndarray  # int32 [T]
     labels: np.ndarray  # int32 [T]; the token where trained, IGNORE_INDEX where not
     offsets: np.ndarray  # int64 [n + 1]
     sample_ids: np.ndarray  # int64 [n], in the window's order (one loss mode after another)
     skips: list[Skip] = field(default_factory=list)
+    pair_chosen_lens: np.ndarray | None = None  # int64 [n]
+    pair_prompt_lens: np.ndarray | None = None  # int64 [n]
+
+    @property
+    def pairs(self) -> np.ndarray | None:
+        """bool [n]: which samples are preference pairs; None when none is."""
+        return None if self.pair_chosen_lens is None else self.pair_chosen_lens > 0
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -83,6 +99,8 @@ class _Group:
     lengths: np.ndarray  # int64 [m]
     ids: np.ndarray  # int32 [T]
     trained: np.ndarray  # bool [T]
+    chosen_lens: np.ndarray | None = None  # int64 [m], pairs' chosen segments (0: no pair); None: no pairs
+    prompt_lens: np.ndarray | None = None  # int64 [m]
 
 
 class SampleTokenizer:
@@ -193,7 +211,7 @@ class SampleTokenizer:
         Returns the number of conversational samples. Cost: 1 + 2 x (assistant turns) renders
         per conversational sample, no encoding."""
         pos = [i for i, r in enumerate(raw.records) if type(r) is Conversation or
-               (type(r) is PromptCompletion and type(r.prompt) is not str)]
+               (type(r) in (PromptCompletion, Preference) and type(r.prompt) is not str)]
         if not pos:
             return 0
         try:
@@ -203,7 +221,11 @@ class SampleTokenizer:
         all_loss = (loss or self.loss) == "all"
         for i in pos:
             try:
-                render_record(renderer, raw, i, all_loss)
+                r = raw.records[i]
+                if type(r) is Preference:
+                    renderer.preference(r.prompt, r.chosen, r.rejected, r.tools)
+                else:
+                    render_record(renderer, raw, i, all_loss)
             except ChatTemplateError:
                 raise
             except Exception:  # the template raised on this sample: a skip when packing, not the run's error
@@ -231,12 +253,14 @@ class SampleTokenizer:
     # ---- tokenization with one encoder -------------------------------------------------------
     def _tokenize(self, raw: RawWindow, encoder: Any) -> TokenizedSamples:
         records = raw.records
-        text_pos, std_pos, chat_pos = [], [], []
+        text_pos, std_pos, chat_pos, pair_pos = [], [], [], []
         for i, r in enumerate(records):
             if type(r) is str:
                 text_pos.append(i)
             elif type(r) is PromptCompletion and type(r.prompt) is str:
                 std_pos.append(i)
+            elif type(r) is Preference:
+                pair_pos.append(i)
             else:
                 chat_pos.append(i)
         skipped: list[tuple[int, str, str]] = []  # (position, reason, detail)
@@ -249,7 +273,8 @@ class SampleTokenizer:
             )
             if g is not None
         ]
-        positions, lengths, ids, trained = _merge(groups)
+        g = _merge(groups)
+        positions, lengths, ids, trained = g.positions, g.lengths, g.ids, g.trained
         if self.add_eos:
             lengths, ids, trained = append_eos(lengths, ids, trained, self._eos)
         keep = has_trained_token_after_first(lengths, trained)
@@ -257,10 +282,21 @@ class SampleTokenizer:
             skipped += [(int(p), NO_TRAINED_TOKENS, "no token after the first is trained") for p in positions[~keep]]
             token_keep = np.repeat(keep, lengths)
             positions, lengths, ids, trained = positions[keep], lengths[keep], ids[token_keep], trained[token_keep]
+        g = _Group(positions, lengths, ids, trained)
+        pairs = encode_pairs(encoder, raw, pair_pos, skipped, renderer=self._renderer, all_loss=self.loss == "all",
+                             eos=self._eos if self.add_eos else None)  # their EOS: per segment
+        if pairs is not None:
+            g = _merge([g, _Group(pairs.positions, pairs.lengths, pairs.ids, pairs.trained, pairs.chosen_lens,
+                                  pairs.prompt_lens)])
         skips = self._skips(raw, skipped)
-        offsets = offsets_of(lengths)
-        labels = np.where(trained, ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
-        return TokenizedSamples(ids, labels, offsets, raw.sample_ids[positions], skips)
+        labels = np.where(g.trained, g.ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
+        return TokenizedSamples(g.ids, labels, offsets_of(g.lengths), raw.sample_ids[g.positions], skips,
+                                g.chosen_lens, g.prompt_lens)
+
+    def _renderer(self) -> ChatRenderer:
+        if self._chat is None:
+            self._chat = ChatRenderer(self._tok, self.name)
+        return self._chat
 
     # ---- format groups ---------------------------------------------------------------------
     def _encode_text(self, encoder: Any, records: list[Any], pos: list[int], skipped: list) -> _Group | None:
@@ -287,13 +323,11 @@ class SampleTokenizer:
     def _encode_chat(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list) -> _Group | None:
         if not pos:
             return None
-        if self._chat is None:
-            self._chat = ChatRenderer(self._tok, self.name)
         all_loss = self.loss == "all"
         texts, spans, ok = [], [], []
         for i in pos:
             try:
-                text, sp = render_record(self._chat, raw, i, all_loss)
+                text, sp = render_record(self._renderer(), raw, i, all_loss)
             except ChatTemplateError:
                 raise
             except Exception as e:  # the template raised on this conversation (raise_exception, ...)
@@ -335,14 +369,13 @@ def _available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _merge(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _merge(groups: list[_Group]) -> _Group:
     """Concatenate format groups and reorder their samples by record position."""
     if not groups:
         e = np.zeros(0, dtype=np.int64)
-        return e, e, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool)
+        return _Group(e, e, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool))
     if len(groups) == 1:
-        g = groups[0]
-        return g.positions, g.lengths, g.ids, g.trained
+        return groups[0]
     positions = np.concatenate([g.positions for g in groups])
     lengths = np.concatenate([g.lengths for g in groups])
     ids = np.concatenate([g.ids for g in groups])
@@ -350,7 +383,14 @@ def _merge(groups: list[_Group]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     order = np.argsort(positions, kind="stable")
     new_lengths = lengths[order]
     src = concat_ranges(starts_of(lengths)[order], new_lengths)  # each sample's tokens, in the new order
-    return positions[order], new_lengths, ids[src], trained[src]
+    merged = _Group(positions[order], new_lengths, ids[src], trained[src])
+    if any(g.chosen_lens is not None for g in groups):
+        zeros = [np.zeros(len(g.positions), np.int64) for g in groups]
+        merged.chosen_lens = np.concatenate([z if g.chosen_lens is None else g.chosen_lens
+                                             for g, z in zip(groups, zeros)])[order]
+        merged.prompt_lens = np.concatenate([z if g.prompt_lens is None else g.prompt_lens
+                                             for g, z in zip(groups, zeros)])[order]
+    return merged
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "gpt2", "Qwen/Qwen2.5-0.5B"

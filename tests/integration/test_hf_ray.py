@@ -47,12 +47,13 @@ def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_
     tokenizers = {"auto": SampleTokenizer(config.tokenizer)}
     expected = [(k, process_window(plan.window(k), tokenizers, config, plan)[0]) for k in stream.windows]
     assert len(expected) == 4
-    assert dataset.column_names == ["input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index", "window"]
+    assert dataset.column_names == ["input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "pair_roles",
+                                    "row_index", "window"]
     assert len(dataset) == sum(rows.num_rows for _, rows in expected)
     assert dataset["window"] == [w for w, rows in expected for _ in range(rows.num_rows)]
 
     got = rows_from_arrow(dataset.with_format("arrow")[:])
-    for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
+    for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "pair_roles", "row_index"):
         want = np.concatenate([getattr(rows, name) for _, rows in expected])
         np.testing.assert_array_equal(getattr(got, name), want, err_msg=name)
 

@@ -86,7 +86,8 @@ def test_packed_hf_dataset_keeps_every_row_and_column(packed_dir, tmp_path):
     from packfeed.service.packed.arrow_rows import rows_from_arrow
 
     got = rows_from_arrow(table)
-    for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "segment_splits", "row_index"):
+    for name in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "pair_roles", "segment_splits",
+                 "row_index"):
         np.testing.assert_array_equal(getattr(got, name), getattr(expected, name), err_msg=name)
     # Rows hold several samples each: the view did not unpack or re-pack them.
     assert max(len(lens) for lens in dataset["seq_lens"]) > 2

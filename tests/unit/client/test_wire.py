@@ -20,7 +20,7 @@ from packfeed.client.wire import (
     parse_fields,
 )
 
-COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "segment_splits", "row_index")
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "pair_roles", "segment_splits", "row_index")
 
 
 def _golden() -> PackedRows:
