@@ -9,7 +9,10 @@ into one record (rank 0 writes it). Figures, each over the interval since the la
 - ``fill``: real tokens / (rows * seq_len) of all ranks;
 - ``data_wait``: fraction of rank 0's wall time spent waiting for rows;
 - ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
-  against the GPU's dense bf16 peak), None on CPU or an unknown GPU.
+  against the GPU's dense bf16 peak), None on CPU or an unknown GPU;
+- objective "dpo" only (trainer/dpo.py): ``pairs`` (preference pairs of all ranks),
+  ``reward_chosen``, ``reward_rejected``, ``reward_margin`` and ``reward_accuracy`` (means of
+  the steps' pair means; a reward is beta times the policy/reference log-ratio).
 
 Cost: one all_reduce of 2 numbers per interval, O(1) per step otherwise. The files may be on an
 object store (``--output s3://...``): run_dir.py says what that costs.
@@ -23,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from packfeed.service import storage
 
@@ -46,13 +49,21 @@ class MetricsWindow:
     real_tokens: int = 0
     slots: int = 0
     data_wait: float = 0.0
+    pairs: int = 0
+    reward_sums: dict[str, float] = field(default_factory=dict)
 
-    def add(self, *, loss: float, real_tokens: int, slots: int, data_wait: float) -> None:
+    def add(self, *, loss: float, real_tokens: int, slots: int, data_wait: float, pairs: int = 0,
+            rewards: Mapping[str, float] | None = None) -> None:
+        """One step's figures; ``pairs`` and ``rewards`` (chosen, rejected, margin, accuracy: the
+        step's pair means) come with the DPO objective only."""
         self.steps += 1
         self.loss_sum += loss
         self.real_tokens += real_tokens
         self.slots += slots
         self.data_wait += data_wait
+        self.pairs += pairs
+        for name, value in (rewards or {}).items():
+            self.reward_sums[name] = self.reward_sums.get(name, 0.0) + value
 
     def close(self, *, step: int, lr: float, world_totals: tuple[int, int], flops_per_token: float,
               peak_flops_total: float | None) -> dict[str, Any]:
@@ -60,6 +71,7 @@ class MetricsWindow:
         seconds = max(time.perf_counter() - self.started, 1e-9)
         tokens, slots = world_totals
         tokens_per_s = tokens / seconds
+        dpo = {f"reward_{name}": total / max(self.steps, 1) for name, total in self.reward_sums.items()}
         return {
             "step": step,
             "loss": self.loss_sum / max(self.steps, 1),
@@ -70,13 +82,16 @@ class MetricsWindow:
             "mfu": (flops_per_token * tokens_per_s / peak_flops_total) if peak_flops_total else None,
             "seconds": seconds,
             "time": time.time(),
+            **({"pairs": self.pairs, **dpo} if dpo else {}),
         }
 
 
 def progress_line(record: dict[str, Any], max_steps: int) -> str:
     mfu = f" mfu {record['mfu']:.1%}" if record.get("mfu") is not None else ""
+    dpo = (f"  margin {record['reward_margin']:+.4f}  accuracy {record['reward_accuracy']:.0%}"
+           if "reward_margin" in record else "")
     return (
-        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}  lr {record['lr']:.2e}  "
         f"{record['tokens_per_s']:,.0f} tok/s  fill {record['fill']:.1%}  "
         f"data wait {record['data_wait']:.0%}{mfu}"
     )
@@ -128,6 +143,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_fill": sum(r["fill"] for r in records) / len(records),
         "mean_data_wait": sum(r["data_wait"] * r["seconds"] for r in records) / seconds if seconds else 0.0,
         "train_seconds": seconds,
+        **{f"last_{key}": records[-1][key] for key in ("reward_margin", "reward_accuracy") if key in records[-1]},
     }
 
 

@@ -22,8 +22,8 @@ tokens: the step has 12 tokens; rank 0's first micro-batch backpropagates loss_s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 from packfeed.client.model_inputs import num_trained_tokens
 from packfeed.client.rows import IGNORE_INDEX
@@ -31,10 +31,12 @@ from packfeed.client.rows import IGNORE_INDEX
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float  # token mean over the whole step, all ranks
+    loss: float  # token mean over the whole step, all ranks (DPO: pair mean)
     trained_tokens: int  # over the whole step, all ranks
     grad_norm: float = float("nan")
     lr: float = float("nan")
+    pairs: int = 0  # preference pairs of the step, all ranks (DPO only)
+    rewards: Mapping[str, float] = field(default_factory=dict)  # DPO: chosen, rejected, margin, accuracy
 
 
 def token_loss_sum(model: Any, inputs: dict) -> Any:
@@ -122,13 +124,14 @@ def optimizer_step(model: Any, optimizer: Any, scheduler: Any, *, grad_clip: flo
 
 def train_step(
     model: Any, optimizer: Any, scheduler: Any, micro_batches: Sequence[dict], *,
-    grad_clip: float, autocast_dtype: Any = None,
+    grad_clip: float, autocast_dtype: Any = None, accumulate: Callable[..., StepResult] = accumulate_gradients,
 ) -> StepResult:
-    """``accumulate_gradients`` then ``optimizer_step``. A step with no trained token anywhere
-    (possible only at the very end of the data) leaves the weights and the schedule alone."""
-    result = accumulate_gradients(model, micro_batches, autocast_dtype=autocast_dtype)
+    """``accumulate`` (the objective's forwards and backwards: the SFT token mean by default,
+    ``trainer/dpo.py``'s pair mean for DPO) then ``optimizer_step``. A step with no trained token
+    anywhere (possible only at the very end of the data) leaves the weights and the schedule alone."""
+    result = accumulate(model, micro_batches, autocast_dtype=autocast_dtype)
     if result.trained_tokens == 0:
         optimizer.zero_grad(set_to_none=True)
         return result
     norm, lr = optimizer_step(model, optimizer, scheduler, grad_clip=grad_clip)
-    return StepResult(loss=result.loss, trained_tokens=result.trained_tokens, grad_norm=norm, lr=lr)
+    return replace(result, grad_norm=norm, lr=lr)

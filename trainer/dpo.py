@@ -1,0 +1,185 @@
+"""Direct preference optimisation on packed pairs: the loss is the pair mean over the WHOLE step.
+
+A pair is one sample with two segments in one packed row (client/rows.py, ``pair_roles``). The
+policy and the reference run once each on the packed micro-batch; ``segment_logps`` turns their
+logits into per-segment sums and ``pair_logps`` gathers them per pair, so a pair's log-ratio is
+exactly what it would be run alone (tests/models/test_dpo_packed.py checks it, gradients too).
+
+Losses (``beta`` > 0; the log-ratio of a side is ``logp_policy - logp_reference`` summed over
+its trained tokens; ``delta`` = chosen log-ratio - rejected log-ratio):
+
+* ``sigmoid`` (DPO): ``-(1 - eps) logsigmoid(beta delta) - eps logsigmoid(-beta delta)``, eps
+  the label smoothing (0: plain DPO; > 0: conservative DPO);
+* ``ipo``: ``(delta_per_token - 1 / (2 beta))^2``, the log-ratios divided by each side's trained
+  tokens first, as TRL does (its authors' normalised form).
+
+Normalisation, as the SFT step's (trainer/step.py): the step's pairs are counted over every
+micro-batch and rank (one all_reduce) BEFORE any backward, and each micro-batch backpropagates
+``sum of its pair losses * world_size / pairs of the step``; DDP's gradient mean over ranks
+then gives exactly the gradient of the mean over all the step's pairs, however they were packed,
+split into micro-batches or spread over ranks. Worked example, 2 ranks x 2 micro-batches with 3,
+1 (rank 0) and 4, 0 (rank 1) pairs: 8 pairs; rank 0's first micro-batch backpropagates
+loss_sum * 2 / 8.
+
+Rewards, logged: ``beta * log-ratio`` per side; the margin is chosen - rejected, the accuracy
+the fraction of pairs whose chosen reward is the higher. Segments outside pairs (plain samples,
+padding) add nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from packfeed.client.model_inputs import to_model_inputs
+from packfeed.client.pairs import pair_logps, pair_segments, segment_logps
+from packfeed.client.rows import PackedRows
+from packfeed.trainer.step import StepResult
+
+logger = logging.getLogger(__name__)
+
+LOSS_TYPES = ("sigmoid", "ipo")
+PAIR_KEYS = ("chosen_segments", "rejected_segments")  # in the micro-batch dicts; not model inputs
+LN2 = math.log(2)  # the sigmoid loss of every pair while the policy equals its reference
+
+
+@dataclass(frozen=True, kw_only=True)
+class DpoLoss:
+    """The objective's knobs (``[train] dpo_*``, validated by TrainConfig)."""
+
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"dpo loss type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}")
+        if not self.beta > 0:
+            raise ValueError(f"dpo beta must be > 0, got {self.beta!r}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"dpo label smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise ValueError("dpo label smoothing applies to the sigmoid loss only")
+
+    def pair_losses(self, policy: Mapping[str, Any], reference: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+        """(losses, chosen rewards, rejected rewards), each [P], from two ``pair_logps`` dicts
+        of the same pairs (the reference's without gradients)."""
+        import torch.nn.functional as F
+
+        chosen_ratio = policy["chosen_logps"] - reference["chosen_logps"]
+        rejected_ratio = policy["rejected_logps"] - reference["rejected_logps"]
+        if self.loss_type == "sigmoid":
+            logits = self.beta * (chosen_ratio - rejected_ratio)
+            eps = self.label_smoothing
+            losses = -(1 - eps) * F.logsigmoid(logits) - eps * F.logsigmoid(-logits)
+        else:
+            per_token = (chosen_ratio / policy["chosen_tokens"].clamp(min=1)
+                         - rejected_ratio / policy["rejected_tokens"].clamp(min=1))
+            losses = (per_token - 1 / (2 * self.beta)) ** 2
+        return losses, self.beta * chosen_ratio.detach(), self.beta * rejected_ratio.detach()
+
+
+def dpo_micro_batch(rows: PackedRows, *, device: Any = None) -> dict:
+    """``to_model_inputs(rows)`` plus the segment indices of the rows' pairs (``PAIR_KEYS``)."""
+    import torch
+
+    chosen, rejected = pair_segments(rows.pair_roles, rows.sample_ids, rows.segment_splits)
+    inputs = to_model_inputs(rows, device=device)
+    inputs["chosen_segments"] = torch.from_numpy(chosen).to(inputs["input_ids"].device)
+    inputs["rejected_segments"] = torch.from_numpy(rejected).to(inputs["input_ids"].device)
+    return inputs
+
+
+def batch_pair_logps(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``pair_logps`` of one packed micro-batch (a ``dpo_micro_batch`` dict) under ``model``."""
+    kwargs = {key: value for key, value in inputs.items() if key != "labels" and key not in PAIR_KEYS}
+    logits = model(**kwargs).logits
+    sums, counts = segment_logps(logits, inputs["labels"], inputs["cu_seq_lens_q"])
+    return pair_logps(sums, counts, inputs["chosen_segments"], inputs["rejected_segments"])
+
+
+def accumulate_dpo_gradients(
+    model: Any, micro_batches: Sequence[dict], *, reference: Any, loss: DpoLoss, autocast_dtype: Any = None
+) -> StepResult:
+    """Forward (policy and reference) and backward every micro-batch of one step.
+
+    ``micro_batches``: this rank's ``dpo_micro_batch`` dicts on the model's device; every rank
+    must pass the same number (DDP syncs on the last backward). ``reference``: the frozen model
+    (eval mode, no gradients). Returns the pair mean loss over the whole step (all ranks),
+    ``trained_tokens`` (the pairs' trained tokens, 0 when the step holds no pair), ``pairs`` and
+    the reward figures. Cost: 2 all_reduces of a few scalars, a reference forward per micro-batch.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not micro_batches:
+        raise ValueError("a step needs at least one micro-batch")
+    distributed = dist.is_available() and dist.is_initialized()
+    world_size = dist.get_world_size() if distributed else 1
+    device = micro_batches[0]["input_ids"].device
+
+    local_pairs = sum(len(mb["chosen_segments"]) for mb in micro_batches)
+    pairs = torch.tensor([float(local_pairs)], dtype=torch.float64, device=device)
+    if distributed:
+        dist.all_reduce(pairs)
+    step_pairs = int(pairs.item())
+    scale = world_size / max(step_pairs, 1)
+
+    # loss, chosen reward, rejected reward, correct pairs, trained tokens: sums over the step
+    totals = torch.zeros(5, dtype=torch.float64, device=device)
+    last = len(micro_batches) - 1
+    for i, inputs in enumerate(micro_batches):
+        sync = contextlib.nullcontext() if i == last or not hasattr(model, "no_sync") else model.no_sync()
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with sync:
+            with autocast:
+                with torch.no_grad():
+                    ref = batch_pair_logps(reference, inputs)
+                policy = batch_pair_logps(model, inputs)
+                losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
+                loss_sum = losses.sum()
+            (loss_sum * scale).backward()
+        totals += torch.stack([
+            loss_sum.detach(), chosen_rewards.sum(), rejected_rewards.sum(),
+            (chosen_rewards > rejected_rewards).sum(), (policy["chosen_tokens"] + policy["rejected_tokens"]).sum(),
+        ]).double()
+    if distributed:
+        dist.all_reduce(totals)
+    loss_total, chosen, rejected, correct, tokens = (float(x) for x in totals.tolist())
+    n = max(step_pairs, 1)
+    return StepResult(
+        loss=loss_total / n, trained_tokens=int(tokens) if step_pairs else 0, pairs=step_pairs,
+        rewards={"chosen": chosen / n, "rejected": rejected / n, "margin": (chosen - rejected) / n,
+                 "accuracy": correct / n},
+    )
+
+
+def build_reference(model: Any, reference: str, *, vocab_size: int, device: Any, seed: int) -> Any:
+    """The frozen reference model: ``reference`` "initial" builds ``model`` (a ``ModelConfig``)
+    again, so it holds the weights the run started from even when the policy is then loaded from
+    a checkpoint; else the model named ``reference``, with the policy's attention back-end. In
+    eval mode, without gradients. Cost: the memory of a second copy of the weights."""
+    from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig
+    from packfeed.trainer.model import build_model
+
+    config = model if reference == INITIAL_REFERENCE else ModelConfig(name=reference, attn=model.attn)
+    frozen = build_model(config, vocab_size=vocab_size, device=device, seed=seed)
+    frozen.eval()
+    frozen.requires_grad_(False)
+    logger.info("DPO reference (frozen): %s", f"the initial weights of {model.name}" if config is model else reference)
+    return frozen
+
+
+def check_pairs_trained(result: StepResult, rows: Sequence[PackedRows], step: int) -> None:
+    """ValueError when a step of objective "dpo" held real samples but no preference pair on any
+    rank: the inputs are not preference data (a step of padding alone, at the end, passes)."""
+    if result.pairs == 0 and any(r.num_real_tokens for r in rows):
+        raise ValueError(f"objective = \"dpo\" but step {step} holds no preference pair: give inputs in a preference "
+                         "format (prompt, chosen, rejected) or train with objective = \"sft\"")
