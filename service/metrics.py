@@ -122,7 +122,9 @@ def packing_totals(stream: Any) -> tuple[list[dict], float | None] | None:
         for index, name in enumerate(stats.names):
             counts = stats.source_total(index)
             per_source.append({"name": name, "samples_packed": counts.samples_packed, "tokens": counts.tokens,
-                               "skipped": dict(counts.skipped)})
+                               "skipped": dict(counts.skipped),
+                               "stages": [{"stage": st, "samples_packed": c.samples_packed}
+                                          for st, c in stats.stage_counts(index)]})
         efficiency = stats.total().tokens / (stats.rows * stream.seq_len) if stats.rows else None
         return per_source, efficiency
     packed = stream.packed_stats
@@ -144,6 +146,13 @@ def _packing_families(per_source: list[dict], efficiency: float | None):
     yield samples
     yield tokens
     yield skipped
+    if any(counts.get("stages") for counts in per_source):  # a mixture schedule: samples per stage
+        staged = CounterMetricFamily(PREFIX + "packed_stage_samples", "samples packed per mixture schedule stage",
+                                     labels=["source", "stage"])
+        for counts in per_source:
+            for st in counts.get("stages") or ():
+                staged.add_metric([str(counts["name"]), str(st["stage"])], int(st["samples_packed"]))
+        yield staged
     if efficiency is not None:
         yield _gauge("packing_efficiency", "real tokens / (rows x seq_len) of the rows packed", float(efficiency))
 

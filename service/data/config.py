@@ -7,7 +7,8 @@ change how a run behaves but not one byte of the rows (``UNHASHED``); they stay 
 
 A config is a mixture of sources (``[[data.sources]]`` in a TOML file, see docs/design.md,
 "Mixtures and epochs"); the plain form ``inputs = [...]`` (``DataConfig.from_inputs``, or
-``packfeed pack INPUT...``) is one source of repeat 1.
+``packfeed pack INPUT...``) is one source of repeat 1. A schedule (``[[data.schedule]]``,
+schedule.py) changes the sources' weights at given positions of the stream.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from packfeed.service.data.mixture import check_share
+from packfeed.service.data.schedule import ScheduleEntry, check_schedule, check_schedule_weights
+
+__all__ = ["DataConfig", "ScheduleEntry", "SourceConfig", "check_schedule_weights"]
 
 STRATEGIES = ("bfd", "concat", "exactfit")
 OVERLONG_POLICIES = ("truncate", "split", "drop")
-FORMATS = ("auto", "text", "prompt_completion", "messages")
+FORMATS = ("auto", "text", "prompt_completion", "messages", "preference")
 LOSS_MODES = ("auto", "all", "completion")
 MAX_SEQ_LEN = 1 << 20  # a row of 2^20 tokens; beyond that no model trains and numpy would try TiBs
 MAX_SAMPLES_PER_EPOCH = 1 << 40  # ~1.1e12; sample ids and counts stay far from int64's end
@@ -92,6 +96,10 @@ class DataConfig:
     is shuffled (see mixture.py); 0 reads every source in file order.
     ``max_skip_fraction``: fail the run when more than this fraction of the samples read is
     skipped as bad (None: never; a run that packs nothing always fails).
+    ``schedule``: weights that replace the sources' shares from given positions of the stream
+    (schedule.py); each entry names every source. With ``repeat`` sources an epoch keeps its
+    size (the sum of the repeats' counts) and the weights share it out from the entry on.
+    Empty (the default) leaves ``to_dict`` and the hash as they were before schedules existed.
     """
 
     sources: tuple[SourceConfig, ...]
@@ -110,6 +118,11 @@ class DataConfig:
     block_samples: int = DEFAULT_BLOCK_SAMPLES
     max_skip_fraction: float | None = None
     tokenizer_backend: str = "auto"
+    schedule: tuple[ScheduleEntry, ...] = ()
+    # Preference pairs under overlong="truncate": an overlong pair's prompt is cut from the left, but
+    # not below this many tokens, before its answers are cut (packing/pairs.py). None: seq_len // 4
+    # (the prompt is in both segments: prompts then fill at most half the row).
+    max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         sources = tuple(self.sources)
@@ -161,6 +174,9 @@ class DataConfig:
             f = self.max_skip_fraction
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
                 raise ValueError(f"max_skip_fraction must be a number in [0, 1], got {f!r}")
+        object.__setattr__(self, "schedule", check_schedule(self.schedule, names))
+        if self.max_prompt_tokens is not None:
+            _check_int("max_prompt_tokens", self.max_prompt_tokens, 0)
 
     @classmethod
     def from_inputs(cls, inputs: Sequence[str], **fields: Any) -> "DataConfig":
@@ -183,9 +199,21 @@ class DataConfig:
     def source_loss(self, source: SourceConfig) -> str:
         return source.loss or self.loss
 
+    @property
+    def prompt_budget(self) -> int:
+        """Prompt tokens a truncated preference pair keeps at least (if it has them):
+        ``max_prompt_tokens``, else a quarter of a row."""
+        return self.seq_len // 4 if self.max_prompt_tokens is None else self.max_prompt_tokens
+
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["sources"] = [s.to_dict() for s in self.sources]
+        if self.schedule:
+            d["schedule"] = [e.to_dict() for e in self.schedule]
+        else:  # configs without a schedule keep the dict, and so the hash, they had before schedules
+            del d["schedule"]
+        if self.max_prompt_tokens is None:  # likewise: the default leaves the hash as it was
+            del d["max_prompt_tokens"]
         return d
 
     @classmethod

@@ -25,7 +25,7 @@ per epoch (``repeat`` r: round(r * n) of its n rows; or ``weight`` w: a share w 
 
 Costs: ``window_bounds`` is O(sources) per window (12k windows of 8192 samples per
 100M-sample epoch: well under a second); ``SourceOrder.ranges`` builds one permutation of
-n / block indices per pass it touches and keeps the last two.
+n / block indices per pass it touches and keeps the last two (4 bytes a block each).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-
-from packfeed.client.offsets import offsets_of
 
 
 def epoch_counts(
@@ -80,21 +78,39 @@ def window_bounds(counts: Sequence[int], window: int) -> np.ndarray:
     window holds floor or ceil of its exact share W c_s / T, and the last window's remainder is
     never negative. The price: the sources' roundings do not always add up to k W, so a window
     may hold a few samples more or fewer than W (fewer than the number of sources). Window k
-    costs O(S), whatever k.
+    costs O(S), whatever k (numpy over all windows at once: ``segment_bounds``).
     """
-    c = np.asarray([int(x) for x in counts], dtype=object)  # Python ints: k W c_s stays exact
-    total = int(sum(c))
+    c = np.asarray([int(x) for x in counts], dtype=np.int64)
+    total = int(c.sum())
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     num_windows = -(-total // window)
     bounds = np.zeros((num_windows + 1, len(c)), dtype=np.int64)
-    for k in range(1, num_windows):
-        bounds[k] = [(2 * k * window * x + total) // (2 * total) for x in c]
+    if num_windows > 1:
+        bounds[1:num_windows] = segment_bounds(np.arange(1, num_windows), window, np.zeros_like(c), c)
     if num_windows:
-        bounds[num_windows] = [int(x) for x in c]
+        bounds[num_windows] = c
     # Windows left empty by the rounding (only when W is below the number of sources) are dropped.
     keep = np.concatenate(([True], (np.diff(bounds, axis=0) != 0).any(axis=1)))
     return bounds[keep]
+
+
+def segment_bounds(windows: np.ndarray, window: int, base: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Cumulative samples of each source at the nominal boundaries ``windows * window``
+    (int64 [N, S]) of a stage that starts with ``base`` taken (its sum P0 <= every boundary)
+    and shares out R = sum(counts) further samples as ``counts``:
+    ``base + round((j W - P0) c / R)``, half up, with exact integers (no float, no overflow
+    for j < 2^22 and R <= 2^40: the products are split into multiples of R and remainders)."""
+    j = np.asarray(windows, dtype=np.int64)
+    start, remaining = int(base.sum()), int(counts.sum())
+    out = np.empty((len(j), len(counts)), dtype=np.int64)
+    for s, c in enumerate(int(x) for x in counts):
+        alpha, beta = divmod(window * c, remaining)  # W c = alpha R + beta
+        gamma, eps = divmod(start * c, remaining)  # P0 c = gamma R + eps
+        q, r = np.divmod(j * beta, remaining)  # j beta < 2^22 * 2^40
+        # (j W - P0) c = (j alpha - gamma + q) R + (r - eps), and round(x / R) = floor((2 x + R) / 2R)
+        out[:, s] = int(base[s]) + j * alpha - gamma + q + np.floor_divide(2 * (r - eps) + remaining, 2 * remaining)
+    return out
 
 
 class SourceOrder:
@@ -110,25 +126,37 @@ class SourceOrder:
         self.num_rows, self.seed, self.source = int(num_rows), int(seed), int(source)
         self.block = int(block) if 0 < block < num_rows else self.num_rows
         self.num_blocks = -(-self.num_rows // self.block)
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.last_block = self.num_rows - self.block * (self.num_blocks - 1)  # rows of the last (short) block
+        self._cache: dict[int, tuple[np.ndarray, int]] = {}
 
     def pass_blocks(self, pass_index: int) -> np.ndarray:
         """Block indices in the order pass ``pass_index`` visits them."""
         return self._pass(pass_index)[0]
 
-    def _pass(self, p: int) -> tuple[np.ndarray, np.ndarray]:
-        """(block order, offsets of the visited blocks within the pass: [num_blocks + 1], from 0)."""
+    def _pass(self, p: int) -> tuple[np.ndarray, int]:
+        """(block order, the position of the short last block in it). 4 bytes a block (int32
+        below 2^31 blocks; the same order as ``Generator.permutation``); a visited block's
+        offset in the pass is arithmetic (``_start``), so no offsets array is kept."""
         if p not in self._cache:
-            if self.num_blocks == 1:
-                order = np.zeros(1, dtype=np.int64)
-            else:
-                order = np.random.default_rng([self.seed, self.source, p]).permutation(self.num_blocks)
-            lengths = np.full(self.num_blocks, self.block, dtype=np.int64)
-            lengths[-1] = self.num_rows - self.block * (self.num_blocks - 1)
+            order = np.arange(self.num_blocks, dtype=np.int32 if self.num_blocks < 2**31 else np.int64)
+            if self.num_blocks > 1:
+                np.random.default_rng([self.seed, self.source, p]).shuffle(order)
+            short = int(np.flatnonzero(order == self.num_blocks - 1)[0])
             if len(self._cache) >= 2:
                 self._cache.pop(min(self._cache))
-            self._cache[p] = (order, offsets_of(lengths[order]))
+            self._cache[p] = (order, short)
         return self._cache[p]
+
+    def _start(self, i: int, short: int) -> int:
+        """Offset within the pass of the i-th visited block (all blocks are ``block`` rows but the short one)."""
+        return i * self.block - (self.block - self.last_block if i > short else 0)
+
+    def _position(self, offset: int, short: int) -> int:
+        """The visited block holding ``offset`` (0 <= offset < num_rows)."""
+        if offset < short * self.block:
+            return offset // self.block
+        rest = offset - short * self.block
+        return short if rest < self.last_block else short + 1 + (rest - self.last_block) // self.block
 
     def ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
@@ -137,11 +165,12 @@ class SourceOrder:
         while pos < stop:
             p, offset = divmod(pos, n)
             end = min(stop - p * n, n)  # within this pass
-            order, block_offsets = self._pass(p)
-            i = int(np.searchsorted(block_offsets, offset, side="right")) - 1  # the visited block holding offset
+            order, short = self._pass(p)
+            i = self._position(offset, short)
             while offset < end:
-                take = min(int(block_offsets[i + 1]), end) - offset
-                lo = int(order[i]) * self.block + (offset - int(block_offsets[i]))
+                block_start = self._start(i, short)
+                take = min(self._start(i + 1, short), end) - offset
+                lo = int(order[i]) * self.block + (offset - block_start)
                 if out and out[-1][1] == lo:
                     out[-1] = (out[-1][0], lo + take)  # adjacent blocks read as one range
                 else:

@@ -15,6 +15,23 @@ Global sample ids: sources in the order listed, then their files, then rows, so 
 Example: sources a (6 rows, repeat 1) and b (2 rows, repeat 1.5), window 4, block 2. Per
 epoch a gives 6 samples and b 3 (round(1.5 x 2)); T = 9, so windows of (3, 1), (2, 2), and a
 short (1, 0). Ids: a is 0..5, b is 6..7; b's second repetition of a row carries the same id.
+
+A schedule (``[[data.schedule]]``) changes the windows' make-up from given windows on, never
+their number or their place (epochs.py); ``with_schedule`` re-plans without a scan (online
+changes), ``window_start_sample(k)`` says where window k starts.
+
+Mixing block vs read cost: a source is shuffled in blocks of at most its samples per window
+/ 32 (``mixing_block``), so a window draws at least ~32 places of each source even when it is
+smaller than ``block_samples`` (window 200, two sources: blocks of 3, not one block of 256
+from one file). Smaller blocks mean more seeks and more, shorter pieces per window (a JSONL
+piece starts at the seek point of the configured ``block_samples`` and passes over the lines
+before it; Parquet decodes each row group a block touches); ``block_samples`` stays the seek
+stride of the scan, so scan manifests stay valid. Memory, per row of the inputs: the scans'
+seek points, 8 bytes per ``block_samples`` rows, and, where windows are built, the block
+order of the last two passes of each source, 4 bytes per block (per mixing block rows): at
+bench/bench_plan.py's 10^10 rows in 4 sources, blocks of 64: 0.6 GB of orders, built in ~9 s
+at the first window. The window counts: [K + 1, S] int64 per distinct epoch (one without a
+schedule).
 """
 
 from __future__ import annotations
@@ -24,13 +41,15 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from packfeed.client.offsets import offsets_of
 from packfeed.service.data.config import DEFAULT_WINDOW_SAMPLES, MAX_SAMPLES_PER_EPOCH, MAX_WINDOWS, DataConfig
+from packfeed.service.data.epochs import ScheduledEpochs
 from packfeed.service.data.mixture import SourceOrder, epoch_counts, window_bounds
+from packfeed.service.data.schedule import ScheduleEntry, check_schedule, weight_vector
 from packfeed.service.inputs.files import InputFile, list_inputs
 from packfeed.service.inputs.read import Piece, WindowSpec
 from packfeed.service.inputs.scan import MAX_SEEK_STRIDE, FileScan
@@ -41,6 +60,7 @@ from packfeed.service.storage import COUNTERS, StorageCounts, StorageError, disp
 logger = logging.getLogger("packfeed")
 
 MIN_AUTO_WINDOW = 1024
+MIN_BLOCKS_PER_WINDOW = 32  # every window draws at least this many blocks of each source (mixing_block)
 
 
 def auto_window(samples_per_epoch: int) -> int:
@@ -70,16 +90,41 @@ class SourcePlan:
 
 
 class StreamPlan:
-    """Windows of the whole stream (all epochs); see the module docstring."""
+    """Windows of the whole stream (all epochs); see the module docstring.
 
-    def __init__(self, sources: list[SourcePlan], *, window: int, epochs: int, block: int, seed: int) -> None:
+    ``schedule``: the config's entries (schedule.py); without one every epoch has the windows
+    ``bounds``, with one the epochs in which an entry takes effect have their own (epochs.py).
+    """
+
+    def __init__(self, sources: Sequence[SourcePlan], *, window: int, epochs: int, block: int, seed: int,
+                 schedule: tuple[ScheduleEntry, ...] = ()) -> None:
         self.sources = tuple(sources)
         self.window_samples, self.epochs, self.block, self.seed = window, epochs, block, seed
         self.counts = np.asarray([s.samples_per_epoch for s in sources], dtype=np.int64)
-        self.bounds = window_bounds(self.counts, window)  # [K + 1, S], the same every epoch
+        self.bounds = window_bounds(self.counts, window)  # [K + 1, S]: an epoch under the config's weights
+        self.schedule = tuple(schedule)
+        if self.schedule and window < len(self.sources):
+            raise ValueError(f"a schedule needs windows of at least as many samples as there are sources "
+                             f"({len(self.sources)}); window_samples is {window}")
+        names = [s.name for s in self.sources]
+        self.epoch_windows = ScheduledEpochs(self.bounds, window=window, epochs=epochs,
+                                             changes=[(e.from_sample, weight_vector(e, names)) for e in self.schedule])
         self._first_ids = np.asarray([s.first_sample_id for s in sources], dtype=np.int64)
         self._orders: dict[int, SourceOrder] = {}
         self.scan_storage = StorageCounts()  # what building the plan asked of object stores
+
+    def with_schedule(self, schedule: tuple[ScheduleEntry, ...]) -> "StreamPlan":
+        """This plan with another schedule, without scanning a file again (the sources, their
+        blocks and seeded orders stay). An entry takes effect at the first window that starts at
+        or after its ``from_sample``, so when every entry ``schedule`` adds (or changes) has
+        ``from_sample >= self.window_start_sample(k)``, windows below k are the same in both
+        plans. Costs O(windows per epoch x sources) of numpy per epoch in which an entry takes
+        effect. ``schedule`` is checked as the config checks it (ValueError)."""
+        schedule = check_schedule(schedule, [s.name for s in self.sources])
+        plan = StreamPlan(self.sources, window=self.window_samples, epochs=self.epochs, block=self.block,
+                          seed=self.seed, schedule=schedule)
+        plan._orders, plan.scan_storage = self._orders, self.scan_storage
+        return plan
 
     @property
     def windows_per_epoch(self) -> int:
@@ -102,19 +147,46 @@ class StreamPlan:
 
     def window_counts(self, window: int) -> np.ndarray:
         """Samples of each source in ``window`` (int64 [S])."""
-        j = window % self.windows_per_epoch
-        return self.bounds[j + 1] - self.bounds[j]
+        _, lo, hi = self.epoch_windows.window_range(window)
+        return hi - lo
+
+    def window_start_sample(self, k: int) -> int:
+        """The global sample position at which window ``k`` starts (samples of the windows
+        before it, over all epochs; ``k == num_windows`` gives the stream's length). A schedule
+        entry with ``from_sample`` <= this and > the previous window's start takes effect at k."""
+        if not 0 <= k <= self.num_windows:
+            raise IndexError(f"window {k} is not in [0, {self.num_windows}]")
+        if k == self.num_windows:
+            return int(self.planned_samples().sum())
+        return self.epoch_windows.window_start(k)
+
+    def stage_of(self, k: int) -> int:
+        """The schedule stage window ``k`` is in: 0 under the config's weights, i + 1 under
+        schedule entry i (the last entry in force there)."""
+        return self.epoch_windows.stage_of(k)
+
+    def stage_summary(self) -> list[dict[str, Any]]:
+        """Per stage: its number, the entry's ``from_sample`` (0 for the config's weights), the
+        window it takes effect at and the sample that window starts at (num_windows and the
+        stream's length for an entry past the end), and its weights (None: the config's)."""
+        out: list[dict[str, Any]] = [{"stage": 0, "from_sample": 0, "window": 0, "start_sample": 0, "weights": None}]
+        for i, (entry, k) in enumerate(zip(self.schedule, self.epoch_windows.effective_windows)):
+            out.append({"stage": i + 1, "from_sample": entry.from_sample, "window": k,
+                        "start_sample": self.window_start_sample(k), "weights": dict(entry.weights)})
+        return out
+
+    def planned_samples(self) -> np.ndarray:
+        """Samples of each source over the whole run (int64 [S]); ``counts * epochs`` without a schedule."""
+        return sum((r.num_epochs * r.bounds[-1] for r in self.epoch_windows.runs), np.zeros(len(self.sources), np.int64))
 
     def window(self, k: int) -> WindowSpec:
         """Window ``k``: for each source the next samples of its seeded sequence (see mixture.py)."""
         if not 0 <= k < self.num_windows:
             raise IndexError(f"window {k} is not in [0, {self.num_windows})")
-        epoch, j = divmod(k, self.windows_per_epoch)
+        epoch, lo, hi = self.epoch_windows.window_range(k)
         pieces: list[Piece] = []
         for s in self.sources:
-            base = epoch * s.samples_per_epoch
-            lo, hi = base + int(self.bounds[j, s.index]), base + int(self.bounds[j + 1, s.index])
-            for a, b in self._order(s).ranges(lo, hi):
+            for a, b in self._order(s).ranges(int(lo[s.index]), int(hi[s.index])):
                 pieces.extend(file_pieces(s, a, b))
         return WindowSpec(index=k, epoch=epoch, pieces=tuple(_merge_text_pieces(pieces)))
 
@@ -139,7 +211,9 @@ class StreamPlan:
         return h.hexdigest()[:16]
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per source: name, files, rows, samples per epoch, planned share."""
+        """Per source: name, files, rows, samples per epoch, planned share (under the config's
+        weights) and first sample id: the source table a client maps sample ids with
+        (``packfeed.client.sources``); source i holds ids [first_sample_id_i, first_sample_id_i + rows_i)."""
         total = max(self.samples_per_epoch, 1)
         return [
             {
@@ -148,6 +222,7 @@ class StreamPlan:
                 "rows": s.num_rows,
                 "samples_per_epoch": s.samples_per_epoch,
                 "planned_share": s.samples_per_epoch / total,
+                "first_sample_id": s.first_sample_id,
             }
             for s in self.sources
         ]
@@ -245,10 +320,11 @@ def plan_from_scans(config: DataConfig, scans: list[list[FileScan]]) -> StreamPl
                          f"windows of {window:,}); at most {MAX_WINDOWS:,}: raise window_samples or lower epochs")
     sources = [
         SourcePlan(i, src.name, config.source_format(src), config.source_loss(src), first_id, scans, starts, int(c),
-                   source_block(config, src))
+                   mixing_block(source_block(config, src), int(c), total, window))
         for i, ((src, scans, starts, first_id), c) in enumerate(zip(planned, counts))
     ]
-    return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed)
+    return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed,
+                      schedule=config.schedule)
 
 
 def warn_shared_files(owners: dict[str, list[str]]) -> None:
@@ -266,7 +342,19 @@ def warn_shared_files(owners: dict[str, list[str]]) -> None:
 
 
 def source_block(config: DataConfig, source: Any) -> int:
+    """The block the config asks for (the source's, else the data config's): the scan's seek stride."""
     return config.block_samples if source.block_samples is None else source.block_samples
+
+
+def mixing_block(block: int, count: int, total: int, window: int) -> int:
+    """The block a source is shuffled in: ``block``, capped so that a window draws at least
+    ``MIN_BLOCKS_PER_WINDOW`` blocks of the source (its samples per window / 32, at least 1);
+    0 (file order) stays 0. Window 200, two sources of 100 per window: blocks of 3, not 256.
+    Depends on the config's own weights only, never on a schedule, so a schedule entry (or an
+    online change) leaves every source's seeded sequence as it is."""
+    if block == 0:
+        return 0
+    return max(1, min(block, min(window, total) * count // (total * MIN_BLOCKS_PER_WINDOW)))
 
 
 def file_pieces(s: SourcePlan, lo: int, hi: int) -> list[Piece]:

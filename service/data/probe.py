@@ -121,7 +121,8 @@ def _auto_formats(s, reports: list[FileProbe]) -> set[str]:
 
 
 def describe(reports: dict[str, list[FileProbe]], plan: StreamPlan, *, max_lines: int = 12) -> list[str]:
-    """Lines for the user: every source, its share, and what its files hold."""
+    """Lines for the user: every source, its share, and what its files hold; then each
+    schedule entry and the window it takes effect at."""
     lines = []
     total = max(plan.samples_per_epoch, 1)
     for s in plan.sources:
@@ -133,4 +134,9 @@ def describe(reports: dict[str, list[FileProbe]], plan: StreamPlan, *, max_lines
         lines += [f"  {r.describe()}" for r in files[:max_lines]]
         if len(s.files) > max_lines:
             lines.append(f"  ... and {len(s.files) - max_lines} more file(s)")
+    for stage in plan.stage_summary()[1:]:  # a schedule: where each entry takes effect
+        weights = ", ".join(f"{name} {w:g}" for name, w in stage["weights"].items())
+        where = (f"window {stage['window']:,} (sample {stage['start_sample']:,})" if stage["window"] < plan.num_windows
+                 else "never (past the end of the stream)")
+        lines.append(f"schedule from sample {stage['from_sample']:,}: weights {weights}; takes effect at {where}")
     return lines

@@ -19,13 +19,14 @@ import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from packfeed.service.inputs.records import Skip
 from packfeed.service.storage import StorageCounts
 
 MAX_SKIP_EXAMPLES = 5
 _INT_FIELDS = ("samples_read", "samples_packed", "truncated", "split", "dropped", "tokens", "trained_tokens")
+PAIR_COUNTS = ("read", "packed", "truncated", "dropped")  # Counts.pairs: preference pairs, as the samples
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Counts:
     tokens: int = 0  # real (non-padding) tokens in rows
     trained_tokens: int = 0  # labels != IGNORE_INDEX
     formats: Counter = field(default_factory=Counter)  # detected format -> good records read
+    # Preference pairs among the above: "read" (good records), "packed", "truncated", "dropped".
+    # Empty without pairs, and then left out of to_dict (stats.json stays as it was).
+    pairs: Counter = field(default_factory=Counter)
 
     @property
     def skipped_total(self) -> int:
@@ -51,6 +55,7 @@ class Counts:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.skipped.update(other.skipped)
         self.formats.update(other.formats)
+        self.pairs.update(other.pairs)
 
     def check(self, label: str) -> None:
         accounted = self.samples_packed + self.skipped_total + self.dropped
@@ -65,11 +70,14 @@ class Counts:
         d["skipped"] = dict(sorted(self.skipped.items()))
         d["skipped_total"] = self.skipped_total
         d["formats"] = dict(sorted(self.formats.items()))
+        if self.pairs:
+            d["pairs"] = {k: self.pairs[k] for k in PAIR_COUNTS}
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Counts":
-        return cls(**{n: int(d[n]) for n in _INT_FIELDS}, skipped=Counter(d["skipped"]), formats=Counter(d["formats"]))
+        return cls(**{n: int(d[n]) for n in _INT_FIELDS}, skipped=Counter(d["skipped"]), formats=Counter(d["formats"]),
+                   pairs=Counter(d.get("pairs", {})))
 
 
 @dataclass
@@ -126,8 +134,14 @@ class RunStats:
     restarted reader) counts once: its stats are the same, it is one window of the stream."""
 
     def __init__(self, source_names: Sequence[str], planned: Sequence[int], *,
-                 storage: StorageCounts | None = None) -> None:
+                 storage: StorageCounts | None = None, planned_run: Sequence[int] | None = None,
+                 stage_of: Callable[[int], int] | None = None) -> None:
         self.names, self.planned = list(source_names), [int(p) for p in planned]
+        # With a mixture schedule: each source's samples over the run (not planned x epochs), and
+        # the schedule stage of a window (plan.stage_of), for the shares of each stage.
+        self.planned_run = None if planned_run is None else [int(p) for p in planned_run]
+        self.stage_of = stage_of
+        self.by_stage: dict[int, dict[int, Counts]] = {}
         # Requests to object stores: the plan's (``storage``: listing and scan), then each window's reads.
         self.storage = storage or StorageCounts()
         self.by_epoch: dict[int, dict[int, Counts]] = {}
@@ -155,6 +169,10 @@ class RunStats:
         epoch = self.by_epoch.setdefault(ws.epoch, {})
         for index, counts in ws.sources.items():
             epoch.setdefault(index, Counts()).merge(counts)
+        if self.stage_of is not None:
+            stage = self.by_stage.setdefault(self.stage_of(ws.window), {})
+            for index, counts in ws.sources.items():
+                stage.setdefault(index, Counts()).merge(counts)
         self.rows += ws.rows
         self.tokenizer_backends.update(ws.tokenizer_backends)
         self.tokenizer_checks.extend(ws.tokenizer_checks)
@@ -169,6 +187,11 @@ class RunStats:
                 if index in epoch:
                     total.merge(epoch[index])
         return total
+
+    def stage_counts(self, index: int) -> list[tuple[int, Counts]]:
+        """(stage, counts) of source ``index`` per mixture schedule stage seen so far (none without a schedule)."""
+        with self._lock:
+            return [(stage, sources[index]) for stage, sources in sorted(self.by_stage.items()) if index in sources]
 
     def total(self) -> Counts:
         total = Counts()
@@ -191,9 +214,9 @@ class RunStats:
                 raise RuntimeError(f"accounting error: {self.windows} of {num_windows} windows arrived")
             for index, name in enumerate(self.names):
                 read = self.source_total(index).samples_read
-                if read != self.planned[index] * epochs:
-                    raise RuntimeError(f"accounting error: source {name!r} read {read} samples, "
-                                       f"planned {self.planned[index] * epochs}")
+                planned = self.planned_run[index] if self.planned_run is not None else self.planned[index] * epochs
+                if read != planned:
+                    raise RuntimeError(f"accounting error: source {name!r} read {read} samples, planned {planned}")
 
     def empty_sources(self) -> list[str]:
         """Sources that were read but delivered no sample (all their rows were bad)."""
@@ -247,6 +270,8 @@ class RunStats:
         d["realised_share"] = total.samples_packed / packed if packed else 0.0  # of the samples packed
         d["realised_token_share"] = total.tokens / tokens if tokens else 0.0  # of the tokens in rows
         d["epochs"] = epochs
+        if self.by_stage:  # a schedule: each stage's samples and shares (stage 0: the config's weights)
+            d["stages"] = [_share_entry({"stage": st}, self.by_stage[st], index) for st in sorted(self.by_stage)]
         return d
 
 
@@ -262,6 +287,12 @@ def format_summary(stats: dict[str, Any]) -> str:
     lines += [(f"  {reason}", f"{n:,}") for reason, n in stats["skipped"].items()]
     lines += [
         ("truncated / split / dropped", f"{stats['truncated']:,} / {stats['split']:,} / {stats['dropped']:,}"),
+    ]
+    if stats.get("pairs"):  # counted among the samples above too
+        p = stats["pairs"]
+        lines.append(("preference pairs read / packed", f"{p['read']:,} / {p['packed']:,}"))
+        lines.append(("  pairs truncated / dropped", f"{p['truncated']:,} / {p['dropped']:,}"))
+    lines += [
         ("rows (bound)", f"{stats['rows']:,} ({stats['bound_rows']:,})"),
     ]
     epoch_rows = stats.get("epoch_rows") or []
@@ -273,6 +304,9 @@ def format_summary(stats: dict[str, Any]) -> str:
     ]
     if "seconds" in stats:  # a stream's report has no meaningful time
         lines += _time_lines(stats)
+    if stats.get("startup_seconds"):  # pipeline/startup.py: the phases that add up to first_row_seconds
+        lines.append(("start-up by phase", ", ".join(f"{name.removesuffix('_s').replace('_', ' ')} {s:.2f}"
+                                                     for name, s in stats["startup_seconds"].items() if s >= 0.005)))
     windows = stats.get("tokenizer_backend", {}).get("windows")
     if windows:
         lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))
@@ -283,7 +317,7 @@ def format_summary(stats: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
     sources = stats.get("sources", [])
-    if len(sources) > 1 or any(len(s["epochs"]) > 1 for s in sources):
+    if len(sources) > 1 or any(len(s["epochs"]) > 1 or s.get("stages") for s in sources):
         out.append(format_sources(sources))
     for ex in stats["skip_examples"]:
         out.append(f"skipped: {Skip(**ex).describe()}")
@@ -309,8 +343,10 @@ def format_sources(sources: list[dict[str, Any]]) -> str:
     planned, realised in samples packed, realised in tokens. The two realised shares can be far
     apart (the bundled stories, long texts: 20% of the samples, 43% of the tokens); the planned
     share is in samples. With several epochs, each source's total (epoch ``all``) is followed by
-    a line per epoch, numbered from 1."""
-    several = any(len(s["epochs"]) > 1 for s in sources)
+    a line per epoch, numbered from 1, and with a mixture schedule by a line per stage
+    (``stage 0``: the config's weights; ``stage i``: from schedule entry i on)."""
+    per_epoch = any(len(s["epochs"]) > 1 for s in sources)
+    several = per_epoch or any(s.get("stages") for s in sources)
     all_tokens = sum(s["tokens"] for s in sources)
     header = ("source", "epoch", "read", "packed", "skipped", "dropped", "tokens", "planned share", "sample share",
               "token share")  # fmt: skip
@@ -319,9 +355,12 @@ def format_sources(sources: list[dict[str, Any]]) -> str:
         token_share = s.get("realised_token_share", s["tokens"] / all_tokens if all_tokens else 0.0)
         rows.append(_source_line(s["name"], "all", s, s["skipped_total"], s["planned_share"], s["realised_share"],
                                  token_share))
-        for e in s["epochs"] if several else ():
+        for e in s["epochs"] if per_epoch else ():
             rows.append(_source_line(s["name"], str(e["epoch"]), e, e["skipped"], s["planned_share"],
                                      e["share_samples"], e["share_tokens"]))
+        for st in s.get("stages", ()):
+            rows.append(_source_line(s["name"], f"stage {st['stage']}", st, st["skipped"], s["planned_share"],
+                                     st["share_samples"], st["share_tokens"]))
     left = 2 if several else 1  # names (and epochs) to the left, numbers to the right
     if not several:
         rows = [r[:1] + r[2:] for r in rows]
@@ -360,3 +399,14 @@ def run_failure(stats: dict, max_skip_fraction: float | None) -> str | None:
         return (f"{stats['skipped_total']:,} of {read:,} samples were skipped ({stats['skipped_total'] / read:.1%}), more than "
                 f"--max-skip-fraction {max_skip_fraction:g} ({reasons})")
     return None
+
+
+def _share_entry(head: dict[str, Any], sources: dict[int, Counts], index: int) -> dict[str, Any]:
+    """``head`` with source ``index``'s samples read and packed and tokens in ``sources`` (one
+    epoch's or stage's counts), and its share of the samples packed and of the tokens there."""
+    c = sources.get(index, Counts())
+    all_packed = sum(x.samples_packed for x in sources.values())
+    all_tokens = sum(x.tokens for x in sources.values())
+    return {**head, "samples_read": c.samples_read, "samples_packed": c.samples_packed, "skipped": c.skipped_total,
+            "dropped": c.dropped, "tokens": c.tokens, "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
+            "share_tokens": c.tokens / all_tokens if all_tokens else 0.0}

@@ -9,7 +9,10 @@ the bundled corpus (chat repeat 1.5, instructions repeat 0.5, stories repeat 1) 
   2) and started again; the consumers resumed from their saved cursor with world size 3: every
   row index delivered exactly once, each row byte-identical to the pack output; Describe
   reports the epochs, the sources and the rows of each epoch;
-* the packed directory served as it is (``packfeed serve DIR``, no Ray): the same rows again.
+* the packed directory served as it is (``packfeed serve DIR``, no Ray): the same rows again;
+* a schedule (``[[data.schedule]]``, issue 26) packed with 1 and with 2 workers: the same
+  bytes; the old shares before ``from_sample``, the new ones after, window by window, read back
+  from the rows' sample ids through the source table of the packed directory.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from packfeed.client.stream import PackedStream
 from support.serve import CORPUS, TOKENIZER, ServerProcess
 from stream_client import row_digest, row_records
 
+from packfeed.client.sources import first_sample_ids, source_index
 from packfeed.service.cli import main
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import build_plan
 from packfeed.service.packed.writer import read_packed_dir
 
 pytestmark = pytest.mark.integration
@@ -140,3 +146,42 @@ def test_a_packed_directory_is_served_as_it_is(packed, tmp_path):
     assert [digest for _, digest, _ in got] == [row_digest(pack_rows, r) for r in range(pack_rows.num_rows)]
     assert info.config_hash == json.loads((out / ".packfeed" / "config.json").read_text())["config_hash"]
     assert list(info.epoch_rows) == stats["epoch_rows"] and info.total_rows == pack_rows.num_rows
+
+
+SCHEDULE_AT = 900  # from sample 900 (inside window 3, of 250 samples): chat paused, stories 3x instruct
+
+
+def test_a_scheduled_pack_has_each_stage_its_shares_whatever_the_workers(ray_cluster, tmp_path):
+    files = {name: next(p for p in CORPUS if p.endswith(f"{name}.jsonl")) for name in SOURCES}
+    config = tmp_path / "schedule.toml"
+    config.write_text(
+        f'[data]\ntokenizer = "{TOKENIZER}"\nseq_len = 512\nsamples_per_epoch = 2000\nwindow_samples = 250\n'
+        + "".join(f'[[data.sources]]\nname = "{n}"\npaths = ["{files[n]}"]\nweight = 1\n' for n in SOURCES)
+        + f"[[data.schedule]]\nfrom_sample = {SCHEDULE_AT}\nweights = {{ chat = 0, instruct = 1, stories = 3 }}\n")
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"out-{workers}"
+        assert main(["pack", "--config", str(config), "--output", str(out), "--num-workers", str(workers)]) == 0
+        outs.append(out)
+    rows = [read_packed_dir(out) for out in outs]
+    assert rows[0].num_rows == rows[1].num_rows and all(
+        row_digest(rows[0], r) == row_digest(rows[1], r) for r in range(rows[0].num_rows)), "1 and 2 workers: same bytes"
+    meta = json.loads((outs[0] / ".packfeed" / "config.json").read_text())
+    stats = json.loads((outs[0] / ".packfeed" / "stats.json").read_text())
+    stage = meta["plan"]["stages"][1]
+    # windows start at samples 0, 249, 501, 750, 1001, ...: window 4 is the first at or after 900
+    assert (stage["from_sample"], stage["window"], stage["start_sample"]) == (SCHEDULE_AT, 4, 1001)
+    # every segment's source from the rows' sample ids and the packed directory's source table
+    plan = build_plan(DataConfig.from_dict(meta["data"]))
+    window_of = {int(i): k for k in range(plan.num_windows) for i in plan.window(k).sample_ids()}
+    ids = rows[0].sample_ids[rows[0].sample_ids >= 0]
+    sources = source_index(ids, first_sample_ids(meta["plan"]["sources"]))
+    per_window = Counter((window_of[int(i)], int(s)) for i, s in zip(ids, sources))
+    for k in range(plan.num_windows):
+        got = [per_window[(k, s)] for s in range(3)]
+        assert got == plan.window_counts(k).tolist(), k
+        shares = [1 / 3] * 3 if k < 4 else [0, 1 / 4, 3 / 4]
+        assert all(abs(n - 250 * x) < 1 for n, x in zip(got, shares)), (k, got)
+    by_name = {s["name"]: s for s in stats["sources"]}
+    assert [st["samples_packed"] for st in by_name["chat"]["stages"]] == [334, 0]
+    assert by_name["stories"]["stages"][1]["share_samples"] == pytest.approx(0.75, abs=0.001)

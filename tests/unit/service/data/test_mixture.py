@@ -123,3 +123,55 @@ def test_source_order_depends_on_seed_and_source_only():
     assert a == SourceOrder(1000, block=16, seed=3, source=1).ranges(0, 3000)
     assert a != SourceOrder(1000, block=16, seed=4, source=1).ranges(0, 3000)
     assert a != SourceOrder(1000, block=16, seed=3, source=2).ranges(0, 3000)
+
+
+# ---- the numpy forms equal the plain arithmetic they replaced (rows byte-identical) -----------
+def reference_bounds(counts, window):
+    """window_bounds as a Python loop over exact integers (before issue 26)."""
+    total, num_windows = sum(counts), -(-sum(counts) // window)
+    rows = [[0] * len(counts)]
+    rows += [[(2 * k * window * c + total) // (2 * total) for c in counts] for k in range(1, num_windows)]
+    rows += [list(counts)] if num_windows else []
+    return [r for i, r in enumerate(rows) if i == 0 or r != rows[i - 1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(0, 2**40 // 8), min_size=1, max_size=6).filter(any), data=st.data())
+def test_window_bounds_equals_the_exact_integer_loop(counts, data):
+    window = data.draw(st.integers(max(1, sum(counts) // 3000), sum(counts)))
+    assert window_bounds(counts, window).tolist() == reference_bounds(counts, window)
+
+
+def reference_ranges(rows, block, seed, source, start, stop):
+    """SourceOrder.ranges with a permutation and an offsets array per pass (before issue 26)."""
+    block = block if 0 < block < rows else rows
+    num_blocks = -(-rows // block)
+    out, pos = [], start
+    while pos < stop:
+        p, offset = divmod(pos, rows)
+        end = min(stop - p * rows, rows)
+        order = np.random.default_rng([seed, source, p]).permutation(num_blocks) if num_blocks > 1 else [0]
+        lengths = [block] * num_blocks
+        lengths[-1] = rows - block * (num_blocks - 1)
+        starts = np.concatenate(([0], np.cumsum([lengths[b] for b in order])))
+        i = int(np.searchsorted(starts, offset, side="right")) - 1
+        while offset < end:
+            take = min(int(starts[i + 1]), end) - offset
+            lo = int(order[i]) * block + offset - int(starts[i])
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], lo + take)
+            else:
+                out.append((lo, lo + take))
+            offset, i = offset + take, i + 1
+        pos = p * rows + end
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 400), block=st.integers(0, 70), seed=st.integers(0, 3),
+       cuts=st.lists(st.integers(0, 1600), min_size=1, max_size=6))
+def test_source_order_equals_the_permutation_with_offsets(rows, block, seed, cuts):
+    order = SourceOrder(rows, block=block, seed=seed, source=1)
+    points = sorted({0, *cuts})
+    for a, b in zip(points, points[1:]):
+        assert order.ranges(a, b) == reference_ranges(rows, block, seed, 1, a, b)

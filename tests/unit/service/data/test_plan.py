@@ -116,7 +116,8 @@ def test_plan_contract_over_sweeps(tmp_path_factory, sizes, shares, weighted, ep
     for s, c in enumerate(counts):
         # over all epochs, every pass visits every row once: (sample, repetition) exactly once
         whole = [r for e in range(epochs) for r in per_epoch_rows[(e, s)]]
-        order = SourceOrder(sizes[s], block=block, seed=0, source=s)
+        assert plan.sources[s].block == (block and max(1, min(block, min(window, T) * c // (T * 32))))
+        order = SourceOrder(sizes[s], block=plan.sources[s].block, seed=0, source=s)
         assert whole == [r for lo, hi in order.ranges(0, epochs * c) for r in range(lo, hi)]
         n = sizes[s]
         passes, rest = divmod(len(whole), n)

@@ -160,3 +160,12 @@ def test_the_rate_of_a_short_run_is_not_mostly_start_up(timing, expected):
 def test_counts_round_trip():
     c = Counts(samples_read=3, samples_packed=2, skipped=Counter(x=1), tokens=7, formats=Counter(text=2))
     assert Counts.from_dict(c.to_dict()) == c
+
+
+def test_the_summary_names_the_start_up_phases_that_took_time():
+    run = RunStats(["a"], planned=[1])
+    run.add(window(0, 0, {0: {"read": 1, "packed": 1, "tokens": 2_800_000, "rows": 5469}}))
+    stats = {**run.to_dict(seq_len=512, seconds=11.0),
+             "startup_seconds": {"plan_s": 0.25, "ray_start_s": 2.5, "actor_process_s": 0.0, "first_window_pack_s": 0.125}}
+    line = next(x for x in format_summary(stats).splitlines() if x.startswith("start-up by phase"))
+    assert line.split("  ")[-1].strip() == "plan 0.25, ray start 2.50, first window pack 0.12"
