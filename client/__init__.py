@@ -6,10 +6,14 @@ packfeed.client`` works without torch.
 """
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
+from packfeed.client.pairs import pair_logps, pair_segments, segment_logps
 from packfeed.client.rows import (
     COLUMN_DTYPES,
     IGNORE_INDEX,
     PAD_SAMPLE_ID,
+    PAIR_CHOSEN,
+    PAIR_NONE,
+    PAIR_REJECTED,
     ROW_COLUMNS,
     PackedRows,
     check_rows,
@@ -20,6 +24,7 @@ from packfeed.client.rows import (
     select_rows,
     seq_lens_from_positions,
 )
+from packfeed.client.sources import first_sample_ids, per_source_sums, source_index
 from packfeed.client.state import STATE_VERSION, StreamState
 from packfeed.client.stream import Batch, PackedStream, SourceInfo, StreamError, StreamInfo
 
@@ -27,6 +32,9 @@ __all__ = [
     "COLUMN_DTYPES",
     "IGNORE_INDEX",
     "PAD_SAMPLE_ID",
+    "PAIR_CHOSEN",
+    "PAIR_NONE",
+    "PAIR_REJECTED",
     "ROW_COLUMNS",
     "PackedRows",
     "check_rows",
@@ -38,6 +46,9 @@ __all__ = [
     "seq_lens_from_positions",
     "num_trained_tokens",
     "to_model_inputs",
+    "pair_logps",
+    "pair_segments",
+    "segment_logps",
     "Batch",
     "PackedStream",
     "SourceInfo",
@@ -45,6 +56,9 @@ __all__ = [
     "StreamInfo",
     "STATE_VERSION",
     "StreamState",
+    "first_sample_ids",
+    "per_source_sums",
+    "source_index",
     # PackedIterableDataset is left out so that `from packfeed.client import *` needs no torch.
 ]
 

@@ -5,6 +5,11 @@ the ``"stream"`` entry of a ``packfeed train`` checkpoint are all ``StreamState.
 
     {"version": 1, "cursor": 48, "step": 6, "config_hash": "9f3c...", "seq_len": 4096}
 
+and, once the stream's mixture was changed during the run (``PackedStream.set_mixture``),
+``"mixture"``: the changes made (client/mixture.py records), in order. A resumed client sends
+them, and the server refuses to continue a stream that did not make them (its cursor would
+point into another stream). Records without it (every record saved before) load unchanged.
+
 ``cursor``: rows of the global stream consumed (a step boundary: resuming there neither skips
 nor repeats a row, with the same or another world size and batch size). ``step``: steps
 consumed, counted across resumes. ``config_hash`` and ``seq_len``: the stream the rows came
@@ -12,7 +17,7 @@ from, None until it is known (a state saved before the first batch); a resume on
 stream is refused (``check_matches`` here, FAILED_PRECONDITION from a server), since its
 cursor would point at other rows.
 
-Standard library only.
+Standard library only (and client/mixture.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import dataclasses
 import operator
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from packfeed.client.mixture import check_change, with_change
 
 STATE_VERSION = 1  # the record's format; a record of another version is refused
 
@@ -33,6 +40,7 @@ class StreamState:
     step: int = 0
     config_hash: str | None = None
     seq_len: int | None = None
+    mixture: tuple[dict, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cursor", _integer("cursor", self.cursor, 0))
@@ -41,6 +49,12 @@ class StreamState:
             object.__setattr__(self, "seq_len", _integer("seq_len", self.seq_len, 1))
         if self.config_hash is not None and not isinstance(self.config_hash, str):
             raise ValueError(f"stream state field 'config_hash' must be a string or None, got {self.config_hash!r}")
+        if isinstance(self.mixture, (str, bytes, dict)) or not isinstance(self.mixture, (list, tuple)):
+            raise ValueError(f"stream state field 'mixture' must be a list of mixture changes, got {self.mixture!r}")
+        try:
+            object.__setattr__(self, "mixture", tuple(check_change(c) for c in self.mixture))
+        except ValueError as exc:
+            raise ValueError(f"stream state field 'mixture': {exc}") from None
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> StreamState:
@@ -68,8 +82,11 @@ class StreamState:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able record: the format checkpoints keep (``from_dict`` reads it back)."""
-        return {"version": STATE_VERSION, "cursor": self.cursor, "step": self.step,
-                "config_hash": self.config_hash, "seq_len": self.seq_len}
+        record = {"version": STATE_VERSION, "cursor": self.cursor, "step": self.step,
+                  "config_hash": self.config_hash, "seq_len": self.seq_len}
+        if self.mixture:
+            record["mixture"] = [dict(c, weights=dict(c["weights"])) for c in self.mixture]
+        return record
 
     def after_step(self, cursor: int) -> StreamState:
         """The state once one more step, ending at ``cursor``, is consumed."""
@@ -80,6 +97,13 @@ class StreamState:
         batch is consumed, only the same stream may continue it."""
         return dataclasses.replace(self, config_hash=self.config_hash if self.config_hash is not None else config_hash,
                                    seq_len=self.seq_len if self.seq_len is not None else seq_len)
+
+    def with_mixture(self, changes: Any) -> StreamState:
+        """This state with the mixture changes ``changes`` (records) it does not hold yet."""
+        mixture = self.mixture
+        for change in changes:
+            mixture = with_change(mixture, change)
+        return dataclasses.replace(self, mixture=mixture)
 
     def check_matches(self, config_hash: str, seq_len: int, *, fix: str = "start a new run") -> None:
         """ValueError saying what differs, and ``fix``, unless this state can continue on a stream

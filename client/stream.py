@@ -21,6 +21,8 @@ SIGTERM, a dropped connection) it reconnects with exponential backoff and resume
 cursor of the last batch it received; it gives up after ``retry_timeout_s`` without progress.
 The ``packfeed.client`` logger warns when retrying starts (with the status the server gave)
 and again once the stream is back (after how long, from which cursor).
+``set_mixture(weights)`` changes the server's mixture from the first window it has not planned
+yet (on every rank at the same step: one change); ``state_dict()`` records it for the resume.
 Errors that retrying cannot fix (bad token, bad request, another data config) are raised to
 the caller as ``StreamError`` with the server's status code and message.
 
@@ -37,10 +39,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import grpc
 import numpy as np
+from packfeed.client.mixture import change_message, change_record
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
 from packfeed.client.transport import (
@@ -101,6 +104,7 @@ class Batch:
     seq_lens = property(lambda self: self.rows.seq_lens)  # int32 [K] segment lengths, row after row
     segment_splits = property(lambda self: self.rows.segment_splits)  # int64 [B+1] row offsets into seq_lens
     sample_ids = property(lambda self: self.rows.sample_ids)  # int64 [K], -1 for padding
+    pair_roles = property(lambda self: self.rows.pair_roles)  # int8 [K]: 1 chosen, 0 rejected, -1 other
     row_index = property(lambda self: self.rows.row_index)  # int64 [B] global row indices
 
     @property
@@ -116,6 +120,7 @@ class SourceInfo:
     rows: int
     samples_per_epoch: int
     planned_share: float
+    first_sample_id: int = 0  # its rows are sample ids [first_sample_id, first_sample_id + rows)
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,7 @@ class StreamInfo:
 
     ``total_rows``: rows of the whole stream (all epochs), None until the server's pipeline
     reached the end. ``epoch_rows``: rows of each epoch whose end it reached, in order.
+    ``mixture_changes``: the online mixture changes made so far (client/mixture.py records).
     """
 
     seq_len: int
@@ -138,6 +144,7 @@ class StreamInfo:
     sources: tuple[SourceInfo, ...] = ()
     samples_per_epoch: int = 0
     max_batch_rows: int = 0
+    mixture_changes: tuple[dict, ...] = ()
 
 
 _END = object()
@@ -234,10 +241,34 @@ class PackedStream:
             ignore_index=info.ignore_index,
             epochs=info.epochs or 1,
             epoch_rows=tuple(info.epoch_rows),
-            sources=tuple(SourceInfo(s.name, s.rows, s.samples_per_epoch, s.planned_share) for s in info.sources),
+            sources=tuple(SourceInfo(s.name, s.rows, s.samples_per_epoch, s.planned_share,
+                                    s.first_sample_id) for s in info.sources),
             samples_per_epoch=info.samples_per_epoch,
             max_batch_rows=info.max_batch_rows,
+            mixture_changes=tuple(change_record(c) for c in info.mixture_changes),
         )
+
+    def set_mixture(self, weights: Mapping[str, float], *, step: int | None = None) -> dict:
+        """New source weights (every source named; 0 pauses one) from the first window the server
+        has not planned yet. ``step`` (default: the steps consumed so far) is the same on every
+        rank: one change per step, the same answer for all. Returns the change (``step``,
+        ``from_sample``, ``window``, ``weights``, ``schedule_index``), recorded in ``state_dict()``.
+        StreamError INVALID_ARGUMENT for bad weights (nothing changes), FAILED_PRECONDITION when
+        the stream cannot change (a packed directory); README "Changing the mixture during a run"."""
+        try:
+            wanted = {str(name): float(w) for name, w in dict(weights).items()}
+        except (TypeError, ValueError):
+            raise ValueError(f"weights must map source names to numbers, got {weights!r}") from None
+        call = self._control.unary_unary(
+            f"/{SERVICE_NAME}/SetMixture",
+            request_serializer=packfeed_pb2.SetMixtureRequest.SerializeToString,
+            response_deserializer=packfeed_pb2.MixtureChange.FromString,
+        )
+        request = packfeed_pb2.SetMixtureRequest(weights=wanted, step=self._state.step if step is None else step)
+        reply = self._retrying(lambda: call(request, metadata=self._metadata, timeout=60))  # a step's change is made once
+        record = change_record(reply)
+        self._state = self._state.with_mixture([record])
+        return {**record, "schedule_index": reply.schedule_index}
 
     @property
     def state(self) -> StreamState:
@@ -317,8 +348,8 @@ class PackedStream:
         if info.max_batch_rows and self.batch_rows > info.max_batch_rows:
             raise ValueError(f"batch_rows {self.batch_rows} is above the server's limit of {info.max_batch_rows} "
                              "(its --max-batch-rows): use fewer rows per batch")
-        # pinned: a restarted server must stream the same data
-        self._state = self._state.pinned(info.config_hash, info.seq_len)
+        # pinned: a restarted server must stream the same data (its mixture changes too)
+        self._state = self._state.pinned(info.config_hash, info.seq_len).with_mixture(info.mixture_changes)
         seq_len = self._state.seq_len
         limit = batch_message_limit(self.batch_rows, seq_len)
         if limit > MAX_MESSAGE_BYTES:
@@ -336,6 +367,7 @@ class PackedStream:
             cursor=cursor,
             expected_config_hash=self._state.config_hash,
             expected_seq_len=self._state.seq_len,
+            mixture_changes=[change_message(c) for c in self._state.mixture],
         )
 
     def _fetch(self) -> None:

@@ -20,6 +20,8 @@ from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS, 
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
+OBJECTIVES = ("sft", "dpo")
+INITIAL_REFERENCE = "initial"  # dpo_reference: a frozen copy of the weights the run starts from
 MIN_FEEDER_BUFFER_ROWS = 2 * PIECE_ROWS  # the hub's smallest buffer
 TINY_PREFIX = "tiny-"
 TINY_NAMES = tuple(TINY_PREFIX + family for family in TINY_FAMILIES)
@@ -77,6 +79,15 @@ class TrainConfig:
     dies (0: the run fails instead). ``feeder_buffer_rows``: rows the feeder keeps for the ranks
     (its memory bound; 0: max(2048, 4 x the rows of a step)); a restarted group that needs rows
     it no longer holds gets them packed again from the window holding them.
+    ``mixture_hook``: "module:function" every rank calls after each step to change the data
+    mixture from the training loop (trainer/mixture_hook.py); None: the mixture is the config's.
+
+    ``objective``: "sft" (the token mean of the causal-LM loss) or "dpo" (preference pairs,
+    trainer/dpo.py: the pair mean of the ``dpo_loss_type`` loss, "sigmoid" or "ipo", with
+    ``dpo_beta`` and, for sigmoid, ``dpo_label_smoothing``). ``dpo_reference``: the frozen
+    reference model, "initial" (the weights the run starts from, also after a resume) or a
+    model name as ``[model] name`` takes (a local directory, a Hub id). The ``dpo_*`` keys are
+    for objective "dpo" only.
     """
 
     max_steps: int = 100
@@ -97,6 +108,12 @@ class TrainConfig:
     record_rows: bool = False
     max_failures: int = 1
     feeder_buffer_rows: int = 0
+    mixture_hook: str | None = None
+    objective: str = "sft"
+    dpo_beta: float = 0.1
+    dpo_loss_type: str = "sigmoid"
+    dpo_label_smoothing: float = 0.0
+    dpo_reference: str = INITIAL_REFERENCE
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "micro_batch_rows", "grad_accum", "log_every", "keep_checkpoints"):
@@ -108,6 +125,8 @@ class TrainConfig:
                              f"got {self.feeder_buffer_rows}")
         if self.stop_at_step is not None:
             _check_int("stop_at_step", self.stop_at_step, minimum=1)
+        if self.mixture_hook is not None and (not isinstance(self.mixture_hook, str) or ":" not in self.mixture_hook):
+            raise ValueError(f"mixture_hook must be 'module:function', got {self.mixture_hook!r}")
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
             _check_number(name, getattr(self, name))
         if not self.lr > 0:
@@ -126,6 +145,32 @@ class TrainConfig:
         object.__setattr__(self, "betas", betas)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        self._check_objective()
+
+    def _check_objective(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}; got {self.objective!r}")
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("dpo_")}
+        if self.objective != "dpo":
+            given = sorted(name for name, default in defaults.items() if getattr(self, name) != default)
+            if given:
+                raise ValueError(f"[train] {', '.join(given)}: for objective = \"dpo\" only; set objective = "
+                                 "\"dpo\" or remove them")
+            return
+        for name in ("dpo_beta", "dpo_label_smoothing"):
+            _check_number(name, getattr(self, name))
+        if not isinstance(self.dpo_reference, str) or not self.dpo_reference:
+            raise ValueError(f"dpo_reference must be \"{INITIAL_REFERENCE}\" or a model name or directory, "
+                             f"got {self.dpo_reference!r}")
+        self.dpo_loss  # validates beta, loss type and label smoothing
+
+    @property
+    def dpo_loss(self) -> Any:
+        """The DPO objective's loss (``packfeed.trainer.dpo.DpoLoss``) of these settings."""
+        from packfeed.trainer.dpo import DpoLoss
+
+        return DpoLoss(beta=float(self.dpo_beta), loss_type=self.dpo_loss_type,
+                       label_smoothing=float(self.dpo_label_smoothing))
 
     @property
     def last_step(self) -> int:
@@ -201,6 +246,12 @@ class RunConfig:
     scaling: TrainScaling = field(default_factory=lambda: TrainScaling())
 
     def __post_init__(self) -> None:
+        if self.train.objective == "dpo":
+            trains_prompts = [s.name for s in self.data.sources if self.data.source_loss(s) == "all"]
+            if trains_prompts:
+                raise ValueError(f"objective = \"dpo\" compares the answers' log-probs, but loss = \"all\" (source(s) "
+                                 f"{', '.join(trains_prompts)}) labels the prompts too: use loss = \"auto\" or "
+                                 "\"completion\" for preference data")
         step = self.scaling.num_workers * self.train.grad_accum * self.train.micro_batch_rows
         if self.train.feeder_buffer_rows and self.train.feeder_buffer_rows < 2 * step:
             raise ValueError(f"feeder_buffer_rows {self.train.feeder_buffer_rows} holds less than two steps of "

@@ -15,6 +15,11 @@ The resume record is the client's ``StreamState`` (client/state.py: ``{"version"
 the manifest of window first rows (service/delivery/manifest.py), so a resumed run packs from
 the window holding the cursor, not from the start, also with another world size or batch size.
 
+Mixture changes: ``set_mixture(step, weights)`` (the training loop's hook, worker.py) changes
+the weights from the first window not yet planned (service/delivery/mixture_changes.py), once
+per step whichever rank asks; the change is recorded in the manifest, so in every checkpoint
+taken after it, and a resumed run replays the checkpoint's changes (``load_manifest``).
+
 Stopping: ``request_stop()`` (the driver, on SIGTERM/SIGINT) fixes the stop step at one past
 the highest step any rank has asked for so far; ``get_step`` answers ``STOP`` for that step and
 every later one and rows for every earlier one, so all ranks finish the steps they may already
@@ -39,6 +44,7 @@ from packfeed.client.state import StreamState
 from packfeed.service.delivery.assign import check_request, split_micro_batches
 from packfeed.service.delivery.hub import OpenReader, RowHub
 from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused
 from packfeed.service.delivery.steps import rank_batch
 
 logger = logging.getLogger(__name__)
@@ -67,8 +73,11 @@ class RowFeeder:
         state: StreamState | dict | None = None,
         capacity: int | None = None,
         stats: Any = None,
+        mixture: MixtureControl | None = None,
     ) -> None:
-        """``stats``: the RunStats the reader folds its windows into (None in tests)."""
+        """``stats``: the RunStats the reader folds its windows into (None in tests);
+        ``mixture``: the stream's MixtureControl, attached to ``manifest`` (None: a packed
+        directory, whose mixture cannot change)."""
         start = StreamState.resume_from(state)
         start.check_matches(config_hash, seq_len)
         self.world_size, self.grad_accum, self.micro_rows = world_size, grad_accum, micro_rows
@@ -80,6 +89,7 @@ class RowFeeder:
         self.hub = RowHub(open_reader, manifest, capacity=capacity or max(2048, 4 * per_step))
         self._consumers = [self.hub.consumer() for _ in range(world_size)]
         self._stats = stats  # the pipeline's RunStats, read at the end (None in tests)
+        self.mixture = mixture
         self._started = time.perf_counter()
         # The actor answers several ranks at once (max_concurrency): the highest step asked for
         # and the stop step change together, under this lock.
@@ -103,6 +113,20 @@ class RowFeeder:
         batch = rank_batch(self._consumers[rank], rank=rank, world_size=self.world_size, batch_rows=self.batch_rows,
                            cursor=self.cursor0, step=step - self.first_step, seq_len=self.seq_len, pad_id=self.pad_id)
         return None if batch is None else split_micro_batches(batch.rows, self.grad_accum)
+
+    def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
+        """The mixture change of global ``step`` (made by the first rank asking; see the module
+        docstring): its record (client/mixture.py) and ``schedule_index``. ValueError for bad
+        weights (nothing changes), MixtureRefused when the stream cannot change."""
+        if self.mixture is None:
+            raise MixtureRefused("the run trains on a packed directory as it is: its mixture cannot change (pack it "
+                                 "again with [[data.schedule]] entries, or train on the data config)")
+        made = len(self.mixture.changes)
+        change = self.mixture.change(step, weights)
+        if len(self.mixture.changes) > made:
+            logger.info("mixture changed at step %d: from sample %s (window %d) the weights are %s", step,
+                        f"{change.from_sample:,}", change.window, dict(change.weights))
+        return {**change.to_dict(), "schedule_index": self.mixture.index_of(change)}
 
     def request_stop(self) -> int:
         """Stop the run as soon as every rank can: returns the stop step, the count of completed
@@ -138,8 +162,12 @@ class RowFeeder:
 
 
 def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:
-    """The run's manifest: the file under the run's output, merged with a checkpoint's copy."""
+    """The run's manifest: the file under the run's output, merged with a checkpoint's copy.
+    The checkpoint's mixture changes are the run's: a file that recorded others (made after the
+    checkpoint, by the run that resumed from it) is started again from the checkpoint's copy."""
     manifest = Manifest(key, path)
+    if saved and saved.get("key") == key and manifest.mixture != list(saved.get("mixture") or []):
+        manifest.reset(list(saved.get("mixture") or []))
     if saved and saved.get("key") == key:
         for w, r in saved.get("first_row", {}).items():
             manifest.record(int(w), int(r))

@@ -46,9 +46,10 @@ from packfeed.trainer.checkpoint import (
     latest_checkpoint,
     read_state,
 )
-from packfeed.trainer.config import RunConfig
+from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import RowFeeder
 from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
+from packfeed.trainer.mixture_hook import load_hook
 from packfeed.trainer.run_dir import (
     FINAL_OLD,
     holds,
@@ -102,7 +103,11 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
                                backend=run.data.tokenizer_backend)
     packed = find_packed_dir(run.data.inputs)
+    load_hook(run.train.mixture_hook)  # a hook that cannot be imported fails here, not in every worker
     if packed is not None:  # pack once, train many: the rows are served as they are
+        if run.train.mixture_hook is not None:
+            raise ValueError("[train] mixture_hook changes the mixture, and a packed directory's rows are fixed: "
+                             "train on the data config, or pack again with [[data.schedule]] entries")
         check_packed_dir(storage.display(packed.path), packed.info, run.data.seq_len, tokenizer)
         packed_or_plan = packed
         print(f"training on the packed directory {storage.display(packed.path)} as it is ({packed.num_rows:,} rows)",
@@ -124,6 +129,8 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
         print(f"resuming from {storage.display(str(resume_from))} at step {state['step']}, stream cursor "
               f"{state['stream']['cursor']}", flush=True)
     check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
+    if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
+        check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
     if packed is None:  # as pack and serve: what the inputs hold, the chat template on them
         check_inputs(packed_or_plan, tokenizer)
     signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
@@ -155,7 +162,7 @@ def _saved_summary(output: str | Path, state: dict) -> dict[str, Any]:
 
 
 def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any) -> None:
-    """A checkpoint continues this run only on the same stream and the same model; ValueError
+    """A checkpoint continues this run only on the same stream, model and objective; ValueError
     saying what differs (checked before Ray starts, not in the feeder or every worker)."""
     expected = packed["config"]["config_hash"] if packed is not None else run.data.config_hash()
     StreamState.resume_from(state.get("stream")).check_matches(expected, run.data.seq_len,
@@ -170,6 +177,11 @@ def check_resume(state: dict, run: RunConfig, *, packed: dict | None, plan: Any)
         if saved is not None and saved.get(field) != now.get(field):
             raise ValueError(f"the checkpoint holds model {field} {saved.get(field)!r}, this run's is {now.get(field)!r}: "
                              "resume with the same model, or start a new run (--overwrite)")
+    saved_train = (state.get("config") or {}).get("train")
+    if saved_train is not None and saved_train.get("objective", "sft") != run.train.objective:
+        raise ValueError(f"the checkpoint trained objective {saved_train.get('objective', 'sft')!r}, this run's is "
+                         f"{run.train.objective!r}: resume with the same objective, or start a new run (--overwrite; "
+                         "DPO after SFT: a new run whose [model] name is the SFT run's final/ directory)")
 
 
 def check_packed_dir(path: str, info: dict, seq_len: int, tokenizer: Any) -> None:
@@ -362,10 +374,17 @@ class StreamFeeder(RowFeeder):
         stream = open_stream(packed_or_plan, config, scaling=scaling)
         manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)
         stream.seed_manifest(manifest)
+        if stream.mixture is not None:  # the checkpoint's mixture changes, then the loop's new ones
+            stream.mixture.attach(manifest)
+        self._sources = [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
         super().__init__(
             stream.open_reader, manifest, seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
-            state=state, stats=stream.stats, **layout,
+            state=state, stats=stream.stats, mixture=stream.mixture, **layout,
         )
+
+    def sources(self) -> list[tuple[str, int]]:
+        """(name, first global sample id) of every source, in config order: the mixture hook's."""
+        return self._sources
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -373,6 +392,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         ("steps", f"{summary.get('steps', 0)}" + (" (stopped early: data exhausted)" if summary.get("stopped_early") else "")),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
+        *([("DPO reward (last)", f"margin {summary['last_reward_margin']:+.4f}, accuracy "
+                                 f"{summary['last_reward_accuracy']:.0%}")] if "last_reward_margin" in summary else []),
         ("real tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("row fill (trained rows)", f"{summary.get('mean_fill', 0):.1%}"),
         ("data wait", f"{summary.get('mean_data_wait', 0):.1%}"),

@@ -5,7 +5,9 @@ Train restarted the group: the latest checkpoint reported), else from the checkp
 ``--resume`` (``config["resume_from"]``), else from scratch. Each step:
 take this rank's micro-batches of the step from the RowFeeder (the next step is already
 requested, so packing overlaps compute; padding rows already fill the last step),
-``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP).
+``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP; with
+``[train] objective = "dpo"``, ``dpo_micro_batch`` and the pair mean against a frozen reference
+model, trainer/dpo.py).
 Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
 every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
 (rank 0 with the checkpoint). At the end rank 0 saves the model into ``<output>/.final.partial``,
@@ -19,6 +21,7 @@ checkpointed) and returns without a final model.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -31,12 +34,14 @@ from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service import faults
 from packfeed.trainer.checkpoint import load_checkpoint, local_copy, save_checkpoint
 from packfeed.trainer.config import RunConfig
+from packfeed.trainer.dpo import accumulate_dpo_gradients, build_reference, check_pairs_trained, dpo_micro_batch
 from packfeed.trainer.feeder import STOP
+from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model import build_model, flops_per_token
 from packfeed.trainer.optim import build_optimizer
 from packfeed.trainer.run_dir import path, save_final_model
-from packfeed.trainer.step import train_step
+from packfeed.trainer.step import accumulate_gradients, train_step
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +67,12 @@ def train_loop_per_worker(config: dict) -> None:
     feeder = config["feeder"]
 
     model = build_model(run.model, vocab_size=config["vocab_size"], device=device, seed=train.seed)
+    to_inputs, accumulate = to_model_inputs, accumulate_gradients
+    if train.objective == "dpo":  # the reference is built before a checkpoint loads into the policy
+        reference = build_reference(run.model, train.dpo_reference, vocab_size=config["vocab_size"], device=device,
+                                    seed=train.seed)
+        to_inputs = dpo_micro_batch
+        accumulate = functools.partial(accumulate_dpo_gradients, reference=reference, loss=train.dpo_loss)
     optimizer, scheduler = build_optimizer(model, train)
     step = 0
     checkpoint = ray.train.get_checkpoint()
@@ -78,6 +89,8 @@ def train_loop_per_worker(config: dict) -> None:
     peak_total = peak * world if peak else None
 
     last, start_step = train.last_step, step
+    hook = load_hook(train.mixture_hook)
+    sources = ray.get(feeder.sources.remote()) if hook is not None else []
     if rank == 0:
         keep_records_until(path(output, "metrics.jsonl"), start_step)
     pending = feeder.get_step.remote(rank, step) if step < last else None
@@ -99,12 +112,20 @@ def train_loop_per_worker(config: dict) -> None:
             break
         if step + 1 < last:
             pending = feeder.get_step.remote(rank, step + 1)
-        micro = [to_model_inputs(r, device=device) for r in rows]
+        micro = [to_inputs(r, device=device) for r in rows]
         lr = float(optimizer.param_groups[0]["lr"])
-        result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast)
+        result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast,
+                            accumulate=accumulate)
         step += 1
+        if hook is not None:  # every rank: the step's change is made once
+            call_hook(hook, feeder, MixtureStep(
+                step=step, rank=rank, world_size=world, loss=result.loss, rows=rows, inputs=micro, model=model,
+                sources=tuple(name for name, _ in sources), first_ids=tuple(first for _, first in sources)))
+        if train.objective == "dpo":
+            check_pairs_trained(result, rows, step)
         window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
-                   slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait)
+                   slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait, pairs=result.pairs,
+                   rewards=result.rewards)
         if train.record_rows:
             append_jsonl(path(output, "rows", f"rank{rank}.jsonl"), {
                 "step": step, "rank": rank, "loss": result.loss, "pid": os.getpid(),
@@ -167,7 +188,7 @@ def _quiet_worker_logs(rank: int) -> None:
     from transformers.utils import logging as hf_logging
 
     if rank != 0:
-        for name in ("packfeed.trainer.model", "packfeed.trainer.attention"):
+        for name in ("packfeed.trainer.model", "packfeed.trainer.attention", "packfeed.trainer.dpo"):
             logging.getLogger(name).setLevel(logging.WARNING)
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)

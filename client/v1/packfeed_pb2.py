@@ -24,23 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apackfeed/v1/packfeed.proto\x12\x0bpackfeed.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xc3\x02\n\nStreamInfo\x12\x0f\n\x07seq_len\x18\x01 \x01(\r\x12\x16\n\x0etokenizer_name\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0e\n\x06pad_id\x18\x04 \x01(\x05\x12\x13\n\x0b\x63onfig_hash\x18\x05 \x01(\t\x12\x17\n\ntotal_rows\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cignore_index\x18\x07 \x01(\x05\x12\x14\n\x0cwire_version\x18\x08 \x01(\r\x12\x0e\n\x06\x65pochs\x18\t \x01(\r\x12\x12\n\nepoch_rows\x18\n \x03(\x04\x12(\n\x07sources\x18\x0b \x03(\x0b\x32\x17.packfeed.v1.SourceInfo\x12\x19\n\x11samples_per_epoch\x18\x0c \x01(\x04\x12\x16\n\x0emax_batch_rows\x18\r \x01(\rB\r\n\x0b_total_rows\"Z\n\nSourceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x19\n\x11samples_per_epoch\x18\x03 \x01(\x04\x12\x15\n\rplanned_share\x18\x04 \x01(\x01\"\xc5\x01\n\rStreamRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nbatch_rows\x18\x03 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x04\x12!\n\x14\x65xpected_config_hash\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x1d\n\x10\x65xpected_seq_len\x18\x06 \x01(\rH\x01\x88\x01\x01\x42\x17\n\x15_expected_config_hashB\x13\n\x11_expected_seq_len\"\xee\x01\n\x0bPackedBatch\x12\x10\n\x08num_rows\x18\x01 \x01(\r\x12\x0f\n\x07seq_len\x18\x02 \x01(\r\x12\x11\n\tinput_ids\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x01(\x0c\x12\x14\n\x0cposition_ids\x18\x05 \x01(\x0c\x12\x10\n\x08seq_lens\x18\x06 \x01(\x0c\x12\x16\n\x0esegment_splits\x18\x07 \x01(\x0c\x12\x12\n\nsample_ids\x18\x08 \x01(\x0c\x12\x11\n\trow_index\x18\t \x01(\x0c\x12\x14\n\x0cpadding_rows\x18\n \x01(\x0c\x12\x0e\n\x06\x63ursor\x18\x0b \x01(\x04\x12\x0c\n\x04step\x18\x0c \x01(\x04\x32\x96\x01\n\x08PackFeed\x12\x41\n\x08\x44\x65scribe\x12\x1c.packfeed.v1.DescribeRequest\x1a\x17.packfeed.v1.StreamInfo\x12G\n\rStreamBatches\x12\x1a.packfeed.v1.StreamRequest\x1a\x18.packfeed.v1.PackedBatch0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apackfeed/v1/packfeed.proto\x12\x0bpackfeed.v1\"\x11\n\x0f\x44\x65scribeRequest\"\xf8\x02\n\nStreamInfo\x12\x0f\n\x07seq_len\x18\x01 \x01(\r\x12\x16\n\x0etokenizer_name\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0e\n\x06pad_id\x18\x04 \x01(\x05\x12\x13\n\x0b\x63onfig_hash\x18\x05 \x01(\t\x12\x17\n\ntotal_rows\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cignore_index\x18\x07 \x01(\x05\x12\x14\n\x0cwire_version\x18\x08 \x01(\r\x12\x0e\n\x06\x65pochs\x18\t \x01(\r\x12\x12\n\nepoch_rows\x18\n \x03(\x04\x12(\n\x07sources\x18\x0b \x03(\x0b\x32\x17.packfeed.v1.SourceInfo\x12\x19\n\x11samples_per_epoch\x18\x0c \x01(\x04\x12\x16\n\x0emax_batch_rows\x18\r \x01(\r\x12\x33\n\x0fmixture_changes\x18\x0e \x03(\x0b\x32\x1a.packfeed.v1.MixtureChangeB\r\n\x0b_total_rows\"s\n\nSourceInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x04\x12\x19\n\x11samples_per_epoch\x18\x03 \x01(\x04\x12\x15\n\rplanned_share\x18\x04 \x01(\x01\x12\x17\n\x0f\x66irst_sample_id\x18\x05 \x01(\x04\"\xfa\x01\n\rStreamRequest\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x12\n\nworld_size\x18\x02 \x01(\r\x12\x12\n\nbatch_rows\x18\x03 \x01(\r\x12\x0e\n\x06\x63ursor\x18\x04 \x01(\x04\x12!\n\x14\x65xpected_config_hash\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x1d\n\x10\x65xpected_seq_len\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x33\n\x0fmixture_changes\x18\x07 \x03(\x0b\x32\x1a.packfeed.v1.MixtureChangeB\x17\n\x15_expected_config_hashB\x13\n\x11_expected_seq_len\"\x8f\x01\n\x11SetMixtureRequest\x12<\n\x07weights\x18\x01 \x03(\x0b\x32+.packfeed.v1.SetMixtureRequest.WeightsEntry\x12\x0c\n\x04step\x18\x02 \x01(\x04\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xc4\x01\n\rMixtureChange\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x13\n\x0b\x66rom_sample\x18\x02 \x01(\x04\x12\x0e\n\x06window\x18\x03 \x01(\x04\x12\x38\n\x07weights\x18\x04 \x03(\x0b\x32\'.packfeed.v1.MixtureChange.WeightsEntry\x12\x16\n\x0eschedule_index\x18\x05 \x01(\r\x1a.\n\x0cWeightsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x82\x02\n\x0bPackedBatch\x12\x10\n\x08num_rows\x18\x01 \x01(\r\x12\x0f\n\x07seq_len\x18\x02 \x01(\r\x12\x11\n\tinput_ids\x18\x03 \x01(\x0c\x12\x0e\n\x06labels\x18\x04 \x01(\x0c\x12\x14\n\x0cposition_ids\x18\x05 \x01(\x0c\x12\x10\n\x08seq_lens\x18\x06 \x01(\x0c\x12\x16\n\x0esegment_splits\x18\x07 \x01(\x0c\x12\x12\n\nsample_ids\x18\x08 \x01(\x0c\x12\x11\n\trow_index\x18\t \x01(\x0c\x12\x14\n\x0cpadding_rows\x18\n \x01(\x0c\x12\x0e\n\x06\x63ursor\x18\x0b \x01(\x04\x12\x0c\n\x04step\x18\x0c \x01(\x04\x12\x12\n\npair_roles\x18\r \x01(\x0c\x32\xe0\x01\n\x08PackFeed\x12\x41\n\x08\x44\x65scribe\x12\x1c.packfeed.v1.DescribeRequest\x1a\x17.packfeed.v1.StreamInfo\x12G\n\rStreamBatches\x12\x1a.packfeed.v1.StreamRequest\x1a\x18.packfeed.v1.PackedBatch0\x01\x12H\n\nSetMixture\x12\x1e.packfeed.v1.SetMixtureRequest\x1a\x1a.packfeed.v1.MixtureChangeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'packfeed.v1.packfeed_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SETMIXTUREREQUEST_WEIGHTSENTRY']._loaded_options = None
+  _globals['_SETMIXTUREREQUEST_WEIGHTSENTRY']._serialized_options = b'8\001'
+  _globals['_MIXTURECHANGE_WEIGHTSENTRY']._loaded_options = None
+  _globals['_MIXTURECHANGE_WEIGHTSENTRY']._serialized_options = b'8\001'
   _globals['_DESCRIBEREQUEST']._serialized_start=43
   _globals['_DESCRIBEREQUEST']._serialized_end=60
   _globals['_STREAMINFO']._serialized_start=63
-  _globals['_STREAMINFO']._serialized_end=386
-  _globals['_SOURCEINFO']._serialized_start=388
-  _globals['_SOURCEINFO']._serialized_end=478
-  _globals['_STREAMREQUEST']._serialized_start=481
-  _globals['_STREAMREQUEST']._serialized_end=678
-  _globals['_PACKEDBATCH']._serialized_start=681
-  _globals['_PACKEDBATCH']._serialized_end=919
-  _globals['_PACKFEED']._serialized_start=922
-  _globals['_PACKFEED']._serialized_end=1072
+  _globals['_STREAMINFO']._serialized_end=439
+  _globals['_SOURCEINFO']._serialized_start=441
+  _globals['_SOURCEINFO']._serialized_end=556
+  _globals['_STREAMREQUEST']._serialized_start=559
+  _globals['_STREAMREQUEST']._serialized_end=809
+  _globals['_SETMIXTUREREQUEST']._serialized_start=812
+  _globals['_SETMIXTUREREQUEST']._serialized_end=955
+  _globals['_SETMIXTUREREQUEST_WEIGHTSENTRY']._serialized_start=909
+  _globals['_SETMIXTUREREQUEST_WEIGHTSENTRY']._serialized_end=955
+  _globals['_MIXTURECHANGE']._serialized_start=958
+  _globals['_MIXTURECHANGE']._serialized_end=1154
+  _globals['_MIXTURECHANGE_WEIGHTSENTRY']._serialized_start=909
+  _globals['_MIXTURECHANGE_WEIGHTSENTRY']._serialized_end=955
+  _globals['_PACKEDBATCH']._serialized_start=1157
+  _globals['_PACKEDBATCH']._serialized_end=1415
+  _globals['_PACKFEED']._serialized_start=1418
+  _globals['_PACKFEED']._serialized_end=1642
 # @@protoc_insertion_point(module_scope)

@@ -54,6 +54,11 @@ class PackFeedStub:
                 request_serializer=packfeed_dot_v1_dot_packfeed__pb2.StreamRequest.SerializeToString,
                 response_deserializer=packfeed_dot_v1_dot_packfeed__pb2.PackedBatch.FromString,
                 _registered_method=True)
+        self.SetMixture = channel.unary_unary(
+                '/packfeed.v1.PackFeed/SetMixture',
+                request_serializer=packfeed_dot_v1_dot_packfeed__pb2.SetMixtureRequest.SerializeToString,
+                response_deserializer=packfeed_dot_v1_dot_packfeed__pb2.MixtureChange.FromString,
+                _registered_method=True)
 
 
 class PackFeedServicer:
@@ -85,6 +90,19 @@ class PackFeedServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetMixture(self, request, context):
+        """Change the mixture's weights from the first window not yet planned (no row already
+        packed or delivered changes). Keyed by the caller's step: the calls of one step (every
+        rank of a data-parallel loop) make one change and all get its answer. The change is
+        recorded in the server's state dir and replayed by a restarted server.
+        INVALID_ARGUMENT: bad weights (unknown source, negative, not finite, all zero), nothing
+        changes. FAILED_PRECONDITION: the stream cannot change (served from a packed directory,
+        or every window is planned). UNAVAILABLE: the change could not be recorded (retry).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PackFeedServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +115,11 @@ def add_PackFeedServicer_to_server(servicer, server):
                     servicer.StreamBatches,
                     request_deserializer=packfeed_dot_v1_dot_packfeed__pb2.StreamRequest.FromString,
                     response_serializer=packfeed_dot_v1_dot_packfeed__pb2.PackedBatch.SerializeToString,
+            ),
+            'SetMixture': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMixture,
+                    request_deserializer=packfeed_dot_v1_dot_packfeed__pb2.SetMixtureRequest.FromString,
+                    response_serializer=packfeed_dot_v1_dot_packfeed__pb2.MixtureChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -163,6 +186,33 @@ class PackFeed:
             '/packfeed.v1.PackFeed/StreamBatches',
             packfeed_dot_v1_dot_packfeed__pb2.StreamRequest.SerializeToString,
             packfeed_dot_v1_dot_packfeed__pb2.PackedBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMixture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/packfeed.v1.PackFeed/SetMixture',
+            packfeed_dot_v1_dot_packfeed__pb2.SetMixtureRequest.SerializeToString,
+            packfeed_dot_v1_dot_packfeed__pb2.MixtureChange.FromString,
             options,
             channel_credentials,
             insecure,

@@ -32,6 +32,11 @@ class Manifest:
     they arrive, so recording costs the same at window 10 and at window 100,000. A torn last
     line (a killed server) is ignored on load.
 
+    It also holds the stream's online mixture changes (``{"mixture": MixtureChange record}``,
+    delivery/mixture_changes.py), which are not a cache: ``record_mixture`` writes the whole
+    file atomically (a new file renamed over the old one, or one PUT) and raises when it cannot,
+    so a change is either recorded or not made.
+
     ``key`` identifies the stream (data config hash + the plan): a file written for another
     key is ignored, never trusted, and replaced at the first write. The file is a cache: a
     failed write is logged once and the stream goes on (``check_writable`` is the start-up check).
@@ -53,6 +58,7 @@ class Manifest:
         self.first_row: dict[int, int] = {0: 0}
         self._starts: list[tuple[int, int]] = [(0, 0)]  # (first_row, window), sorted: what locate searches
         self.total_rows: int | None = None
+        self.mixture: list[dict] = []  # online mixture changes, in the order made
         self._write_failed = False
         self._file_ours = False  # the file at path holds this key's header: append to it
         self._torn = False
@@ -79,6 +85,8 @@ class Manifest:
                 entry = json.loads(line)
                 if "end" in entry:
                     self.total_rows = int(entry["end"])
+                elif "mixture" in entry:
+                    self.mixture.append(dict(entry["mixture"]))
                 else:
                     self._set(int(entry["w"]), int(entry["r"]))
             except (ValueError, TypeError, KeyError, AttributeError):
@@ -123,6 +131,11 @@ class Manifest:
             first, window = self._starts[max(i, 0)]
         return window, first
 
+    def last_window(self) -> int:
+        """The highest window whose first row is known (0 at least)."""
+        with self._lock:
+            return max(self.first_row)
+
     def record(self, window: int, first_row: int) -> None:
         with self._lock:
             if self.first_row.get(window) == first_row:
@@ -137,10 +150,39 @@ class Manifest:
             self.total_rows = total_rows
             self._append({"end": total_rows})
 
-    def to_dict(self) -> dict:
+    def record_mixture(self, change: dict) -> None:
+        """Record an online mixture change: the whole file written atomically; OSError (on disk)
+        or ``StorageError`` (a URI) when it cannot be, and then nothing is recorded."""
         with self._lock:
-            return {"key": self.key, "first_row": {str(w): r for w, r in self.first_row.items()},
-                    "total_rows": self.total_rows}
+            if self.path is not None:
+                text = self._whole(extra=[change])
+                if self._remote:
+                    storage.write_bytes_atomic(self.path, text.encode())
+                else:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+                    tmp.write_text(text)
+                    os.replace(tmp, self.path)
+                self._file_ours, self._torn, self._unwritten = True, False, False
+            self.mixture.append(dict(change))
+
+    def reset(self, mixture: list[dict]) -> None:
+        """Forget every window and the end, and hold ``mixture`` as the changes made (a resumed
+        run whose checkpoint has other changes than this file: what the file learnt after them
+        belongs to another stream). The next write starts the file again."""
+        with self._lock:
+            self.first_row, self._starts, self.total_rows = {0: 0}, [(0, 0)], None
+            self.mixture = [dict(m) for m in mixture]
+            self._file_ours = False
+
+    def to_dict(self) -> dict:
+        """The manifest as a checkpoint keeps it (``mixture`` only when a change was made)."""
+        with self._lock:
+            d = {"key": self.key, "first_row": {str(w): r for w, r in self.first_row.items()},
+                 "total_rows": self.total_rows}
+            if self.mixture:
+                d["mixture"] = [dict(m) for m in self.mixture]
+            return d
 
     def _set(self, window: int, first_row: int) -> None:
         old = self.first_row.get(window)
@@ -183,9 +225,11 @@ class Manifest:
                                "restart will pack from the last window it knows", self.path, e)
             self._write_failed = True
 
-    def _whole(self) -> str:
-        """The whole file: the header, every window known, the end when known."""
-        lines = [{"key": self.key}, *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
+    def _whole(self, extra: list[dict] = ()) -> str:
+        """The whole file: the header, the mixture changes (and ``extra`` ones), every window
+        known, the end when known."""
+        lines = [{"key": self.key}, *({"mixture": m} for m in [*self.mixture, *extra]),
+                 *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
         if self.total_rows is not None:
             lines.append({"end": self.total_rows})
         return "".join(json.dumps(line) + "\n" for line in lines)

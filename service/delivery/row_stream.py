@@ -7,6 +7,8 @@ train`` serve both the same way:
   reader is a pipeline from a window on; the catch-up path (far consumers, see hub.py) packs
   single windows on request in this process, with the tokenizer the driver loaded anyway (one
   tokenizer thread; no actor to start: a peek costs one window's packing and nothing else).
+  Its mixture can change during the run (``mixture``, delivery/mixture_changes.py): a reader
+  packing with a plan a change made stale starts a new pipeline at the change's window.
 * a ``PackedDir``: a finished ``packfeed pack`` directory, served as it is (pack once, train
   many), on disk or on a store (``s3://bucket/packed``: read by ranged requests). Its windows
   are the Parquet row groups; their first rows are known from the metadata, so any cursor is
@@ -29,6 +31,7 @@ import numpy as np
 from packfeed.client.rows import PackedRows
 from packfeed.service.delivery.hub import OpenReader, PackWindow
 from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.delivery.mixture_changes import MixtureControl, read_with_changes
 from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.service.pipeline.stats import RunStats
 
@@ -61,6 +64,7 @@ class RowStream:
     known_total: int | None = None
     fixed_epoch_rows: list[int] | None = None  # a packed dir records its epochs' rows
     close: Callable[[], None] = lambda: None
+    mixture: MixtureControl | None = None  # online mixture changes (None: a packed directory)
 
     def seed_manifest(self, manifest: Manifest) -> None:
         """Give the manifest what the stream already knows (a packed directory: everything)."""
@@ -145,17 +149,24 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
         for loss in {s.loss for s in plan.sources}
     }
 
-    def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
-        logger.info("packing from window %d of %d (row %s)", window, plan.num_windows, f"{first_row:,}")
-        pipeline = PackingPipeline(config, plan, scaling=scaling, start_window=window, stats=stats)
+    mixture = mixture_control(config, plan)
+
+    def plan_reader(current_config: DataConfig, current_plan: StreamPlan, window: int,
+                    first_row: int) -> Iterable[tuple[int, PackedRows]]:
+        logger.info("packing from window %d of %d (row %s)", window, current_plan.num_windows, f"{first_row:,}")
+        pipeline = PackingPipeline(current_config, current_plan, scaling=scaling, start_window=window, stats=stats)
         for out in pipeline.iter_windows(first_row):
             yield out.window, out.rows
         report_end_of_stream(stats, config.seq_len)
 
+    def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
+        return read_with_changes(mixture, plan_reader, window, first_row)
+
     def pack_window(window: int) -> PackedRows | None:
-        if window >= plan.num_windows:
+        current_config, current_plan = mixture.plan_for(window)
+        if window >= current_plan.num_windows:
             return None
-        rows, window_stats = process_window(plan.window(window), tokenizers, config, plan)
+        rows, window_stats = process_window(current_plan.window(window), tokenizers, current_config, current_plan)
         said = len(stats.tokenizer_checks)
         stats.add(window_stats)
         log_choices(stats.tokenizer_checks, said)
@@ -166,8 +177,24 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
         vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, epochs=plan.epochs,
         windows_per_epoch=plan.windows_per_epoch, sources=plan.summary(), samples_per_epoch=plan.samples_per_epoch,
         manifest_key=f"{config.config_hash()}-{plan.fingerprint()}", open_reader=open_reader,
-        pack_window=pack_window, stats=stats,
+        pack_window=pack_window, stats=stats, mixture=mixture,
     )  # fmt: skip
+
+
+def mixture_control(config: DataConfig, plan: StreamPlan) -> MixtureControl:
+    """The MixtureControl of ``config``'s stream: a change's plan is ``plan`` with the new
+    schedule (data/plan.py keeps the windows before an entry as they were)."""
+    import dataclasses
+
+    from packfeed.service.data.config import ScheduleEntry, check_schedule_weights
+
+    names = [s.name for s in plan.sources]
+
+    def plan_with(schedule: tuple) -> tuple[DataConfig, StreamPlan]:
+        return dataclasses.replace(config, schedule=schedule), plan.with_schedule(schedule)
+
+    return MixtureControl(config, plan, plan_with=plan_with, check_weights=lambda w: check_schedule_weights(w, names),
+                          entry=lambda from_sample, weights: ScheduleEntry(from_sample=from_sample, weights=weights))
 
 
 def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
@@ -198,7 +225,8 @@ def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
     def read(k: int) -> PackedRows:
         part, g, start = groups[k]
         f, version, meta = parts[part]
-        table = open_parquet(f, expect=version, metadata=meta).read_row_group(g).select(ROW_SCHEMA.names)
+        table = open_parquet(f, expect=version, metadata=meta).read_row_group(g)
+        table = table.select([n for n in ROW_SCHEMA.names if n in table.column_names])  # older: no pair_roles
         rows = rows_from_arrow(table)
         return _reindex(rows, start)
 

@@ -17,7 +17,8 @@ ends the server the same way once it has started: the handlers are installed fir
 
 The manifest (first row of each window, stream length) is kept under ``state_dir`` (a
 directory or a URI: ``s3://bucket/serve-state``), so a restarted server resumes any cursor by
-packing from the window that holds it; so is the inputs' scan manifest
+packing from the window that holds it, and replays the online mixture changes recorded there
+(mixture_changes.py); so is the inputs' scan manifest
 (``scan-<config hash>.npz``), so a restart reads no input to plan.
 """
 
@@ -91,6 +92,11 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
         stream = open_stream(packed_or_config)
     manifest = Manifest(stream.manifest_key, storage.join(state_dir, f"{stream.manifest_key}.json"))
     stream.seed_manifest(manifest)
+    if stream.mixture is not None:  # the mixture changes of a previous server of this stream, then the new ones
+        stream.mixture.attach(manifest)
+        for change in stream.mixture.changes:
+            logger.info("replaying the mixture change of step %d: from sample %s the weights are %s", change.step,
+                        f"{change.from_sample:,}", dict(change.weights))
 
     def reader_failed(exc: BaseException) -> None:
         from packfeed.service.errors import root_cause, user_message

@@ -8,6 +8,8 @@
   the tail filled with flagged padding rows) and sends it as one serialized PackedBatch.
   Requests arrive as raw bytes and are parsed here, so a malformed one is an INVALID_ARGUMENT
   answer, not a server error.
+* ``SetMixture``: an online mixture change (delivery/mixture_changes.py), one per caller's
+  step, recorded in the state dir before it is answered.
 * the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
   server reflection (``grpcurl`` can list and call the service).
 
@@ -23,8 +25,9 @@ most one line every 10 s (a client stuck on an old token must not flood the log)
 finishes the batch it is sending and ends with UNAVAILABLE (clients retry from their cursor).
 
 Status codes: UNAUTHENTICATED (token), INVALID_ARGUMENT (request fields or a malformed
-request), OUT_OF_RANGE (cursor past the end), FAILED_PRECONDITION (another config hash or
-seq_len than the client expects), UNAVAILABLE (draining), INTERNAL (the pipeline failed; the
+request, bad mixture weights), OUT_OF_RANGE (cursor past the end), FAILED_PRECONDITION (another
+config hash or seq_len than the client expects, mixture changes the client recorded and this
+server did not make, a mixture change on a packed directory), UNAVAILABLE (draining), INTERNAL (the pipeline failed; the
 message says why).
 """
 
@@ -50,12 +53,14 @@ from packfeed.client.transport import (
     batch_message_limit,
     channel_options,
 )
+from packfeed.client.mixture import change_message, change_record
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
 from packfeed.service.delivery.assign import CursorOutOfRange, check_request
 from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
+from packfeed.service.delivery.mixture_changes import MixtureChange, MixtureRefused
 from packfeed.service.delivery.row_stream import RowStream
 from packfeed.service.delivery.steps import rank_batch
 from packfeed.service.errors import root_cause
@@ -106,13 +111,41 @@ class PackFeedService:
             epoch_rows=m.epoch_rows(self.hub.manifest),
             sources=[packfeed_pb2.SourceInfo(name=s["name"], rows=int(s.get("rows", 0)),
                                              samples_per_epoch=int(s["samples_per_epoch"]),
-                                             planned_share=float(s["planned_share"])) for s in m.sources],
+                                             planned_share=float(s["planned_share"]),
+                                             first_sample_id=int(s.get("first_sample_id", 0))) for s in m.sources],
             samples_per_epoch=m.samples_per_epoch,
             max_batch_rows=self.max_batch_rows,
+            mixture_changes=[change_message(c.to_dict()) for c in (m.mixture.changes if m.mixture else [])],
         )
         if self.hub.total_rows is not None:
             info.total_rows = self.hub.total_rows
         return info.SerializeToString()
+
+    def set_mixture(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """An online mixture change (see mixture_changes.py); aborts with the status code a
+        user can act on, and then nothing changed."""
+        from packfeed.service.storage.errors import StorageError
+
+        req = _parse(packfeed_pb2.SetMixtureRequest, request, context)
+        control = self.meta.mixture
+        if control is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "this server streams a packed directory as it is: its mixture cannot change (pack it again "
+                          "with [[data.schedule]] entries, or serve the data config)")
+        made = len(control.changes)
+        try:
+            change = control.change(int(req.step), dict(req.weights))
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"mixture not changed: {exc}")
+        except MixtureRefused as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"mixture not changed: {exc}")
+        except (OSError, StorageError) as exc:
+            logger.warning("could not record a mixture change in the state dir (%s): refused", exc)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"mixture not changed: the server could not record it ({exc})")
+        if len(control.changes) > made:
+            logger.info("mixture changed at step %d (%s): from sample %s (window %d) the weights are %s", change.step,
+                        context.peer(), f"{change.from_sample:,}", change.window, dict(change.weights))
+        return change_message(change.to_dict(), control.index_of(change)).SerializeToString()
 
     def stream_batches(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         req = _parse(packfeed_pb2.StreamRequest, request, context)
@@ -214,6 +247,15 @@ class PackFeedService:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"this server packs rows of {m.seq_len} tokens, the client expects {req.expected_seq_len}",
             )
+        if req.mixture_changes and m.mixture is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "the client's state records mixture changes; this server streams a packed directory, "
+                          "whose mixture never changed")
+        if m.mixture is not None:
+            try:
+                m.mixture.check_recorded([MixtureChange.from_dict(change_record(c)) for c in req.mixture_changes])
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
 
 class _EndCall(Exception):
@@ -302,6 +344,7 @@ def build_server(
                 {
                     "Describe": grpc.unary_unary_rpc_method_handler(service.describe),
                     "StreamBatches": grpc.unary_stream_rpc_method_handler(service.stream_batches),
+                    "SetMixture": grpc.unary_unary_rpc_method_handler(service.set_mixture),
                 },
             ),
         )

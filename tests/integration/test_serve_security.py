@@ -149,6 +149,17 @@ def stream_info(channel) -> packfeed_pb2.StreamInfo:
     return packfeed_pb2.StreamInfo.FromString(raw)
 
 
+def set_mixture(channel, metadata) -> tuple[grpc.StatusCode, str]:
+    """Status of a SetMixture call with weights that are always bad (a source that does not exist)."""
+    call = channel.unary_unary(f"/{SERVICE_NAME}/SetMixture")
+    request = packfeed_pb2.SetMixtureRequest(step=1, weights={"no-such-source": 1.0}).SerializeToString()
+    try:
+        call(request, metadata=metadata, timeout=60)
+    except grpc.RpcError as err:
+        return err.code(), err.details() or ""
+    return OK, ""
+
+
 def reflection_services(channel, metadata) -> list[str]:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
@@ -167,6 +178,7 @@ def test_every_rpc_refuses_a_missing_or_wrong_token(channel, metadata):
 
     code, _, got = stream_batches(channel, request(), metadata)
     assert (code, got) == (grpc.StatusCode.UNAUTHENTICATED, [])
+    assert set_mixture(channel, metadata)[0] == grpc.StatusCode.UNAUTHENTICATED
 
     health = health_pb2_grpc.HealthStub(channel)
     with pytest.raises(grpc.RpcError) as check:
@@ -208,6 +220,8 @@ def test_every_rpc_works_with_the_token(channel):
     batch = packfeed_pb2.PackedBatch.FromString(got[0])
     assert (batch.num_rows, batch.seq_len, batch.cursor) == (2, SEQ_LEN, 2)
     assert np.frombuffer(batch.row_index, "<i8").tolist() == [0, 1]
+    code, details = set_mixture(channel, GOOD)  # past the token check: its weights are refused, nothing changes
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "mixture not changed" in details
 
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", SERVICE_NAME):
@@ -234,7 +248,7 @@ def test_reflection_describes_the_service(channel):
     files = [descriptor_pb2.FileDescriptorProto.FromString(b)
              for b in reply.file_descriptor_response.file_descriptor_proto]
     services = {f"{f.package}.{s.name}": [m.name for m in s.method] for f in files for s in f.service}
-    assert services[SERVICE_NAME] == ["Describe", "StreamBatches"]
+    assert services[SERVICE_NAME] == ["Describe", "StreamBatches", "SetMixture"]
 
 
 def test_standard_token_credentials_work(server, ca):

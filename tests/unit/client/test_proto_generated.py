@@ -38,7 +38,11 @@ def test_wire_names_and_fields():
 
     service = packfeed_pb2.DESCRIPTOR.services_by_name["PackFeed"]
     assert service.full_name == "packfeed.v1.PackFeed"
-    assert {m.name: m.server_streaming for m in service.methods} == {"Describe": False, "StreamBatches": True}
+    assert {m.name: m.server_streaming for m in service.methods} == {"Describe": False, "StreamBatches": True,
+                                                                     "SetMixture": False}
+    # online mixture changes: additive fields, older clients and servers skip them
+    assert packfeed_pb2.StreamRequest.DESCRIPTOR.fields_by_name["mixture_changes"].number == 7
+    assert packfeed_pb2.StreamInfo.DESCRIPTOR.fields_by_name["mixture_changes"].number == 14
     batch = packfeed_pb2.PackedBatch.DESCRIPTOR
     raw = [f.name for f in batch.fields if f.type == f.TYPE_BYTES]
     assert raw == [
@@ -50,7 +54,9 @@ def test_wire_names_and_fields():
         "sample_ids",
         "row_index",
         "padding_rows",
+        "pair_roles",
     ]
+    assert batch.fields_by_name["pair_roles"].number == 13  # additive: older clients skip it
     assert hasattr(packfeed_pb2_grpc, "PackFeedServicer") and hasattr(
         packfeed_pb2_grpc, "add_PackFeedServicer_to_server"
     )
