@@ -1,15 +1,19 @@
 """Write packed rows as a Parquet dataset directory, streaming, with bounded memory, on disk or
 on an object store (``s3://bucket/prefix``, any URI ``service.storage`` serves).
 
-Layout of DIR: ``part-00000.parquet``, ``part-00001.parquet``, ... (row columns of
-``arrow_rows.ROW_SCHEMA``, rows in stream order; each file's schema metadata carries
-``packfeed.seq_len`` and ``packfeed.config_hash``) and a hidden ``.packfeed/`` directory:
-``files.json`` (every file this run wrote, listed before it is created), ``config.json`` (the
+Layout of DIR: ``part-00000.parquet``, ``part-00001.parquet``, ... (the columns
+``arrow_rows.rows_to_arrow`` makes, rows in stream order with their global ``row_index``; each
+file's schema metadata carries ``packfeed.seq_len`` and ``packfeed.config_hash``) and a hidden
+``.packfeed/`` directory: ``files.json`` (every file this run wrote, listed before it is created), ``config.json`` (the
 data config and its hash, credentials removed from its URIs), ``scan.npz`` (the inputs' scan
 manifest, inputs/scan_cache.py: a second pack of the same inputs reads none of them to plan)
 and ``stats.json``, written last: ``"status": "complete"`` marks a finished output. Readers
 that skip hidden entries (pyarrow datasets, Hugging Face ``datasets``) see a plain Parquet
 dataset: ``pq.read_table(DIR)`` and ``load_dataset("parquet", data_dir=DIR)`` work as they are.
+
+``packfeed pack`` has its packing actors write the part files, one per window (``write_part``,
+pipeline/part_sink.py), and this writer the metadata (``list_parts`` names them first);
+``ParquetRowWriter.write`` streams rows from one process into parts of ``rows_per_file``.
 
 On an object store a part file is one object, uploaded as it is written (a multipart upload
 past the first part) and visible only once complete; the metadata files are each one PUT. The
@@ -29,6 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows
@@ -63,9 +68,9 @@ class ParquetRowWriter:
             Path(self.meta).mkdir(parents=True, exist_ok=True)
         self._files: list[str] = []
         self._save_files()
-        self._metadata = {b"packfeed.seq_len": str(seq_len).encode(), b"packfeed.config_hash": config_hash.encode()}
+        self._metadata = part_metadata(seq_len, config_hash)
         row_bytes = 3 * 4 * seq_len
-        self.rows_per_group = max(1, TARGET_ROW_GROUP_BYTES // row_bytes)
+        self.rows_per_group = rows_per_group(seq_len)
         self.rows_per_file = max(self.rows_per_group, TARGET_FILE_BYTES // row_bytes)
         self._writer: pq.ParquetWriter | None = None
         self._rows_in_file = 0
@@ -76,25 +81,26 @@ class ParquetRowWriter:
         start = 0
         while start < table.num_rows:
             if self._writer is None or self._rows_in_file >= self.rows_per_file:
-                self._open_next()
+                self._open_next(table.schema)
             take = min(table.num_rows - start, self.rows_per_file - self._rows_in_file)
             self._on_store(lambda: self._writer.write_table(table.slice(start, take), row_group_size=self.rows_per_group))
             self._rows_in_file += take
             start += take
 
-    def _open_next(self) -> None:
+    def _open_next(self, schema: pa.Schema) -> None:
         self._close_file()
         name = f"part-{self.num_files:05d}.parquet"
         self._files.append(name)
         self._save_files()  # listed before it exists: an interrupted run's files can be removed
-        fs, path = storage.resolve(storage.join(self.out_dir, name))
-        # No dictionary pages: token ids over a 100k+ vocabulary overflow the dictionary anyway;
-        # building it costs ~30% of the write's CPU (the driver's, on the critical path) for no
-        # smaller file (bench/bench_tokenize.py measures the write).
-        self._writer = self._on_store(lambda: pq.ParquetWriter(
-            path, ROW_SCHEMA.with_metadata(self._metadata), filesystem=fs, compression="zstd", use_dictionary=False))
+        self._writer = self._on_store(lambda: open_part(storage.join(self.out_dir, name), schema, self._metadata))
         self.num_files += 1
         self._rows_in_file = 0
+
+    def list_parts(self, names: Sequence[str]) -> None:
+        """Name the part files other processes (the packing actors) are about to write, before
+        any exists: an interrupted run's files can be removed (``close`` lists those written)."""
+        self._files = list(names)
+        self._save_files()
 
     def _close_file(self) -> None:
         if self._writer is not None:
@@ -124,12 +130,53 @@ class ParquetRowWriter:
         with contextlib.suppress(Exception):
             self._close_file()
 
-    def close(self, *, config: dict[str, Any], stats: dict[str, Any], status: str = "complete") -> None:
-        """Finish the last file, then write config.json and stats.json (with ``status``)."""
+    def close(self, *, config: dict[str, Any], stats: dict[str, Any], status: str = "complete",
+              written: Sequence[str] | None = None) -> None:
+        """Finish the last file, then write config.json and stats.json (with ``status``);
+        ``written``: the part files the packing actors wrote (``list_parts`` named more: a
+        window with no row writes none), listed in files.json as this writer's own are."""
         self._close_file()
+        if written is not None:
+            self._files, self.num_files = list(written), len(written)
+            self._save_files()
         # an input URI may carry credentials (s3://KEY:SECRET@bucket/...): never written down
         _write_json(storage.join(self.meta, "config.json"), config, scrub=True)
         _write_json(storage.join(self.meta, "stats.json"), {"status": status, **stats})
+
+
+def part_metadata(seq_len: int, config_hash: str) -> dict[bytes, bytes]:
+    """The schema metadata of every part file of an output."""
+    return {b"packfeed.seq_len": str(seq_len).encode(), b"packfeed.config_hash": config_hash.encode()}
+
+
+def rows_per_group(seq_len: int) -> int:
+    """Rows per Parquet row group: ~``TARGET_ROW_GROUP_BYTES`` of token columns."""
+    return max(1, TARGET_ROW_GROUP_BYTES // (3 * 4 * seq_len))
+
+
+def open_part(uri: str, schema: pa.Schema, metadata: dict[bytes, bytes]) -> pq.ParquetWriter:
+    """A Parquet writer of one part file at ``uri`` (a path or a URI): the columns ``schema``
+    (``rows_to_arrow``'s) with the output's ``metadata``."""
+    fs, path = storage.resolve(uri)
+    # No dictionary pages: token ids over a 100k+ vocabulary overflow the dictionary anyway;
+    # building it costs ~30% of the write's CPU for no smaller file (bench/bench_tokenize.py
+    # measures the write).
+    return pq.ParquetWriter(path, schema.with_metadata(metadata), filesystem=fs, compression="zstd",
+                            use_dictionary=False)
+
+
+def write_part(uri: str, rows: PackedRows, *, seq_len: int, config_hash: str) -> None:
+    """One whole part file of ``rows`` at ``uri`` (what a packing actor writes per window); on a
+    store a failure is one StorageError naming it."""
+    table = rows_to_arrow(rows)
+    try:
+        writer = open_part(uri, table.schema, part_metadata(seq_len, config_hash))
+        with writer:
+            writer.write_table(table, row_group_size=rows_per_group(seq_len))
+    except OSError as exc:
+        if not storage.is_remote(uri):
+            raise
+        raise storage.StorageError(storage.display(uri), f"writing it failed ({classify(exc).detail})") from None
 
 
 def _write_json(uri: str, value: Any, *, scrub: bool = False) -> None:
@@ -233,7 +280,5 @@ def read_packed_dir(out_dir: str | Path) -> PackedRows:
     files = part_files(out_dir)
     if not files:
         return rows_from_arrow(ROW_SCHEMA.empty_table())
-    import pyarrow as pa
-
     tables = [pq.read_table(f if not storage.is_remote(f) else storage.open_input(f), schema=ROW_SCHEMA) for f in files]
     return rows_from_arrow(pa.concat_tables(tables))

@@ -13,6 +13,12 @@ between calls and no tail is lost at the end of the stream (Ray Data has no end-
 hook). With ``preserve_order`` the stream order is the plan order: the same config and seed
 give byte-identical rows in the same order, whatever the number of workers.
 
+With a ``PartSink`` (``packfeed pack``) the actors write each window's rows to its Parquet
+part file themselves, in parallel (part_sink.py), and the stream carries one small row per
+window instead: ``window``, ``rows``, ``tokens``, ``file``, ``stats`` and, on an actor's first
+window, ``timings`` (when its process started, imported, loaded the tokenizer, packed and
+wrote: the start-up by phase). The driver touches no row.
+
 A window's accounting (``WindowStats`` as JSON) travels in the ``stats`` column of its first
 row; a window whose samples were all skipped sends one stats-only row (no tokens) instead,
 since Ray Data drops empty blocks. So the driver's totals are complete when the stream ends,
@@ -25,7 +31,9 @@ from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,6 +47,7 @@ from packfeed.service import faults
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
+from packfeed.service.pipeline.part_sink import PartSink
 from packfeed.service.pipeline.placement import node_resources
 from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
 from packfeed.service.pipeline.scaling import PackingScaling
@@ -51,20 +60,24 @@ PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.fi
 class WindowActor:
     """Ray Data callable class: a window number in, that window's packed rows out."""
 
-    def __init__(self, config: DataConfig, plan: StreamPlan, threads: int, faults_env: dict | None = None) -> None:
+    def __init__(self, config: DataConfig, plan: StreamPlan, threads: int, faults_env: dict | None = None,
+                 sink: PartSink | None = None) -> None:
+        self.timings: dict[str, float] | None = {"process_created": _process_created(), "init_start": time.time()}
         faults.adopt(faults_env)  # the driver's $PACKFEED_FAULTS (Ray started this process before it was set)
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         from packfeed.service.tokenize.samples import SampleTokenizer
 
-        self.config, self.plan = config, plan
+        self.timings["imports_done"] = time.time()
+        self.config, self.plan, self.sink = config, plan, sink
         common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend,
                       num_threads=threads)
         first = SampleTokenizer(config.tokenizer, loss=plan.sources[0].loss, **common)
         self.tokenizers = {plan.sources[0].loss: first}
         for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
             self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, **common)
+        self.timings["tokenizer_done"] = time.time()
         from packfeed.service.metrics import WindowMetrics
 
         self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint
@@ -75,11 +88,38 @@ class WindowActor:
 
         tables = []
         for k in batch["window"]:
+            called = time.time()
             faults.point("packer-window", int(k))
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
             self.metrics.record(stats, self.source_names)
-            tables.append(window_table(int(k), rows, stats))
+            if self.sink is None:
+                tables.append(window_table(int(k), rows, stats))
+                continue
+            packed = time.time()
+            name, _ = self.sink.write(int(k), rows)
+            timings, self.timings = self.timings, None  # the actor's start-up: said with its first window
+            if timings is not None:
+                timings.update(call_start=called, packed=packed, written=time.time())
+            tables.append(written_table(int(k), rows, name, stats, timings))
         return pa.concat_tables(tables)
+
+
+def _process_created() -> float:
+    """When this process started (wall clock), for the start-up by phase."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+def written_table(window: int, rows: PackedRows, file: str | None, stats: WindowStats,
+                  timings: dict[str, float] | None) -> pa.Table:
+    """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens."""
+    return pa.table({
+        "window": pa.array([window], pa.int64()), "rows": pa.array([rows.num_rows], pa.int64()),
+        "tokens": pa.array([rows.num_real_tokens], pa.int64()), "file": pa.array([file], pa.string()),
+        "stats": pa.array([stats.to_json()], pa.string()),
+        "timings": pa.array([None if timings is None else json.dumps(timings)], pa.string()),
+    })  # fmt: skip
 
 
 def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
@@ -93,6 +133,19 @@ def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
     n = table.num_rows
     stats_column = pa.array([stats.to_json()] + [None] * (n - 1), type=pa.string())
     return table.append_column("window", pa.array(np.full(n, window, np.int64))).append_column("stats", stats_column)
+
+
+@dataclass
+class WrittenWindow:
+    """One window a packing actor wrote to ``file`` (None: it has no row); ``timings``: the
+    writing actor's start-up (wall clock), on its first window only."""
+
+    window: int
+    num_rows: int
+    tokens: int
+    file: str | None
+    stats: WindowStats
+    timings: dict[str, float] | None
 
 
 @dataclass
@@ -117,7 +170,7 @@ class PackingPipeline:
     """
 
     def __init__(self, config: DataConfig, plan: StreamPlan, *, scaling: PackingScaling = PackingScaling(),
-                 start_window: int = 0, stats: RunStats | None = None) -> None:
+                 start_window: int = 0, stats: RunStats | None = None, sink: PartSink | None = None) -> None:
         if not 0 <= start_window <= plan.num_windows:
             raise ValueError(f"start_window must be in [0, {plan.num_windows}], got {start_window}")
         self.config, self.plan, self.start_window = config, plan, start_window
@@ -135,10 +188,15 @@ class PackingPipeline:
             scaling = scaling.placed(node_resources())
         self.num_workers = scaling.num_actors(len(self.windows))
         max_workers = min(scaling.max_workers or 0, len(self.windows))  # never more actors than windows left
+        # An actor that writes waits in its call for the windows before its own (part_sink.py):
+        # one call at a time per actor, so windows start in the order Ray Data hands them out
+        # (several calls in flight may start in any order, and a window could wait on one
+        # queued behind it in the same actor).
+        in_flight = {"max_tasks_in_flight_per_actor": 1} if sink is not None else {}
         compute = (
-            ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=max_workers)
+            ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=max_workers, **in_flight)
             if max_workers > self.num_workers
-            else ray.data.ActorPoolStrategy(size=self.num_workers)
+            else ray.data.ActorPoolStrategy(size=self.num_workers, **in_flight)
         )
         remote_args = {"resources": dict(scaling.resources)} if scaling.resources else {}
         if scaling.labels:
@@ -147,7 +205,7 @@ class PackingPipeline:
             [{"window": k} for k in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
             WindowActor,
-            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker)), faults.environment()),
+            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker)), faults.environment(), sink),
             batch_size=1,
             batch_format="numpy",
             compute=compute,
@@ -170,24 +228,42 @@ class PackingPipeline:
             for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for out in table_outputs(table, first_row=next_index):
                     if out.stats is not None:
-                        said = len(self.stats.tokenizer_checks)
-                        self.stats.add(out.stats)
-                        log_choices(self.stats.tokenizer_checks, said)
-                        self.samples_started += int(self.plan.window_counts(out.stats.window).sum())
+                        self._fold(out.stats)
                     next_index += out.rows.num_rows
                     yield out
+
+    def iter_written(self) -> Iterator[WrittenWindow]:
+        """What the actors wrote, window by window in stream order (a pipeline with a
+        ``PartSink``); also folds the stats into ``self.stats``."""
+        if not self.windows:
+            return
+        with stopping_block_prefetchers():
+            for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in table.to_pylist():
+                    stats = WindowStats.from_json(row["stats"])
+                    self._fold(stats)
+                    timings = json.loads(row["timings"]) if row["timings"] is not None else None
+                    yield WrittenWindow(row["window"], row["rows"], row["tokens"], row["file"], stats, timings)
+
+    def _fold(self, stats: WindowStats) -> None:
+        said = len(self.stats.tokenizer_checks)
+        self.stats.add(stats)
+        log_choices(self.stats.tokenizer_checks, said)
+        self.samples_started += int(self.plan.window_counts(stats.window).sum())
 
 
 def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
     """A block of the pipeline as WindowOutputs (one per window in it; one block is one
     window in practice, split in case Ray merges blocks), rows numbered from ``first_row``."""
     windows = table.column("window").to_numpy()
-    stats_cells = table.column("stats").to_pylist()
+    stats_column = table.column("stats")
+    with_stats = np.flatnonzero(pc.is_valid(stats_column).to_numpy(zero_copy_only=False))  # no per-row Python
     cuts = [0, *(np.flatnonzero(np.diff(windows)) + 1).tolist(), len(windows)]
     outputs = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         part = table.slice(lo, hi - lo)
-        cell = next((c for c in stats_cells[lo:hi] if c is not None), None)
+        at = with_stats[(with_stats >= lo) & (with_stats < hi)]
+        cell = stats_column[int(at[0])].as_py() if len(at) else None
         real = part.filter(pc.not_equal(part.column("row_index"), -1))
         rows = rows_from_arrow(real)
         rows = renumber_rows(rows, first_row)
@@ -197,4 +273,7 @@ def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
 
 
 def new_run_stats(plan: StreamPlan) -> RunStats:
-    return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None))
+    scheduled = bool(getattr(plan, "schedule", ()))  # stats per schedule stage, totals over the run
+    return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None),
+                    planned_run=plan.planned_samples() if scheduled else None,
+                    stage_of=plan.stage_of if scheduled else None)

@@ -189,10 +189,32 @@ def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_clust
     _pack(inputs, tmp_path / "b", "--window-samples", "50", "--num-workers", "2")
     _pack(inputs, tmp_path / "c", "--window-samples", "50", "--num-workers", "2", "--seed", "1")
     a, b, c = (read_packed_dir(tmp_path / name) for name in "abc")
-    for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids"):
+    for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert np.array_equal(a.row_index, np.arange(a.num_rows)), "global row_index across the actors' part files"
+    # the actors write the part files (one per window): the same bytes whatever the workers
+    parts = {name: sorted(p.name for p in (tmp_path / name).glob("part-*.parquet")) for name in "ab"}
+    assert len(parts["a"]) > 2 and parts["a"] == parts["b"]
+    for part in parts["a"]:
+        assert (tmp_path / "a" / part).read_bytes() == (tmp_path / "b" / part).read_bytes(), part
     assert not np.array_equal(a.sample_ids, c.sample_ids), "another seed gives another order"
     assert sorted(a.sample_ids[a.sample_ids >= 0]) == sorted(c.sample_ids[c.sample_ids >= 0]) == sorted(good)
+
+
+def test_on_a_multi_node_cluster_the_driver_writes_a_local_output_with_the_same_rows(ray_cluster, corpus, tmp_path,
+                                                                                    monkeypatch):
+    """A local --output of a multi-node cluster is the driver's disk: the rows come to it."""
+    import packfeed.service.pipeline.pack as pack_module
+
+    inputs, _, _ = corpus
+    _pack(inputs, tmp_path / "actors", "--window-samples", "50", "--num-workers", "2")
+    monkeypatch.setattr(pack_module, "_actors_write", lambda output: False)
+    stats = _pack(inputs, tmp_path / "driver", "--window-samples", "50", "--num-workers", "2")
+    a, b = read_packed_dir(tmp_path / "actors"), read_packed_dir(tmp_path / "driver")
+    for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
+        assert np.array_equal(getattr(a, column), getattr(b, column)), column
+    assert [p.name for p in (tmp_path / "driver").glob("part-*.parquet")] == ["part-00000.parquet"]
+    assert stats["rows"] == a.num_rows and stats["epoch_rows"] == [a.num_rows]
 
 
 def test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same(ray_cluster, corpus, tmp_path, monkeypatch):

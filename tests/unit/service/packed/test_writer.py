@@ -268,3 +268,40 @@ def test_the_scan_manifest_kept_in_the_output_is_written_only_once_the_output_is
             Path(copy).write_bytes(after)  # what the plan writes
             write_back()  # the output is being written
         assert written == writes and storage.read_bytes(kept) == after
+
+
+@pytest.mark.parametrize("where", ["local", "store"])
+def test_part_files_written_by_others_make_the_same_dataset(tmp_path, store, where):
+    """`pack`'s actors write one part per window (write_part); the driver names them all first
+    (list_parts) and lists those written at the end: a window without rows has none."""
+    import json
+
+    from packfeed.service import storage
+    from packfeed.service.packed.writer import write_part
+    from packfeed.service.pipeline.part_sink import part_name
+
+    out = str(tmp_path / "pack") if where == "local" else f"{store}/pack"
+    counts = [3, 0, 4, 1]
+    w = ParquetRowWriter(out, seq_len=SEQ, config_hash="abc")
+    w.list_parts([part_name(k, len(counts)) for k in range(len(counts))])
+    assert json.loads(storage.read_bytes(f"{out}/{META_DIR}/files.json"))["files"] == [
+        f"part-0000{k}.parquet" for k in range(4)]
+    first, written = 0, []
+    for k, n in enumerate(counts):
+        if n:
+            written.append(part_name(k, len(counts)))
+            write_part(storage.join(out, written[-1]), rows(first, n), seq_len=SEQ, config_hash="abc")
+        first += n
+    w.close(config={"data": {"seq_len": SEQ}, "config_hash": "abc"}, stats={"rows": first}, written=written)
+    assert json.loads(storage.read_bytes(f"{out}/{META_DIR}/files.json"))["files"] == written and w.num_files == 3
+    got = read_packed_dir(out)
+    assert np.array_equal(got.row_index, np.arange(first)) and np.array_equal(got.sample_ids, np.arange(first))
+    check_rows(got, SEQ)
+    assert packed_dir_info(out)["stats"]["rows"] == first
+    local = tmp_path / "one-writer"  # the same rows from one process: the same Parquet columns
+    one = ParquetRowWriter(local, seq_len=SEQ, config_hash="abc")
+    one.write(rows(0, first))
+    one.close(config={}, stats={"rows": first})
+    assert pq.read_table(local / "part-00000.parquet").equals(
+        pa.concat_tables(pq.read_table(storage.open_input(storage.join(out, n)) if where == "store"
+                                       else os.path.join(out, n)) for n in written))

@@ -1,0 +1,148 @@
+"""Rows in seconds (issue 25): the raw encoders, `packfeed pack` with each back-end, the start-up
+by phase and the time to the first training step, in one run and on the same corpora.
+
+    .venv/bin/python bench/bench_startup.py                 # ~1.5M tokens + the bundled corpus, ~5 min
+    .venv/bin/python bench/bench_startup.py --tokens 15000000 --window-samples 1024 --skip-train
+
+Corpora: the bundled demo corpus with the bundled tokenizer (seq_len 2048: the quick start),
+and a mixed corpus of ``--tokens`` (text, two-turn chat, prompt/completion; bench_tokenize's
+documents) with Qwen2.5's tokenizer, seq_len 4096. Per corpus: raw HF ``tokenizers`` and raw
+quicktok on one core (the text and chat files, rendered; bench_tokenize.raw_rate), then a fresh
+`packfeed pack` process per back-end (embedded Ray, one actor per CPU): whole-run and steady
+tokens/s per packing core, ``first_row_seconds`` (from the command's start),
+``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its
+stats.json (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
+for 10 steps: seconds from the command's start to its first logged step, and the data wait of
+those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tokenize import REPO, chunks, qwen_tokenizer, raw_rate, write_corpora  # noqa: E402
+from report import table  # noqa: E402
+
+
+def write_prompt_completion(work: Path, tokens: int) -> Path:
+    path = work / "prompt_completion.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for name, part, chunk in chunks(3000, int(tokens * 3.8)):
+            f.write(json.dumps({"prompt": f"Continue {name}, part {part + 1}:", "completion": chunk},
+                               ensure_ascii=False) + "\n")  # fmt: skip
+    return path
+
+
+def pack(inputs: list[Path], tokenizer: str, seq_len: int, backend: str, out: Path,
+         window_samples: int | None) -> tuple[dict, float]:
+    """A fresh `packfeed pack` process: its stats.json and its wall seconds."""
+    cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", *map(str, inputs), "--tokenizer", tokenizer,
+           "--seq-len", str(seq_len), "--tokenizer-backend", backend, "--output", str(out), "--overwrite",
+           *(["--window-samples", str(window_samples)] if window_samples else [])]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"packfeed pack failed:\n{done.stderr[-3000:]}")
+    return json.loads((out / ".packfeed" / "stats.json").read_text()), wall
+
+
+def first_training_step(work: Path) -> dict:
+    """`packfeed train` of the demo config for 10 steps, every step logged."""
+    out = work / "train"
+    cmd = [sys.executable, "-m", "packfeed.service.cli", "train", "--config", str(REPO / "examples/train_demo.toml"),
+           "--max-steps", "10", "--log-every", "1", "--checkpoint-every", "0", "--output", str(out), "--overwrite"]
+    start = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"packfeed train failed:\n{done.stderr[-3000:]}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "data_wait" in r]
+    wait = sum(r["data_wait"] * r["seconds"] for r in steps) / sum(r["seconds"] for r in steps)
+    return {"first_step_s": steps[0]["time"] - start, "data_wait": wait, "wall_s": time.time() - start}
+
+
+def reader_rate(packed: Path) -> dict:
+    """Rows/s one reader process takes from a packed directory (row_stream.PackedDir: what
+    ``serve`` and ``train`` read from it), in a fresh process."""
+    script = (
+        "import json, sys, time\n"
+        "from packfeed.service.delivery.row_stream import find_packed_dir, open_stream\n"
+        "stream = open_stream(find_packed_dir([sys.argv[1]]))\n"
+        "t0, rows, nbytes = time.perf_counter(), 0, 0\n"
+        "for _, r in stream.open_reader(0, 0):\n"
+        "    rows += r.num_rows; nbytes += r.input_ids.nbytes * 3\n"
+        "print(json.dumps({'rows': rows, 'seconds': time.perf_counter() - t0, 'bytes': nbytes}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(packed)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: str, seq_len: int,
+               work: Path, backends: list[str], window_samples: int | None = None) -> None:
+    cores = os.cpu_count() or 1
+    raw = {k: [raw_rate(k, tokenizer, f) for f in raw_files] for k in ("hf", "fast")}
+    rate = {k: sum(r["tokens"] for r in v) / sum(r["seconds"] for r in v) for k, v in raw.items()}
+    rows = [[f"raw HF tokenizers, 1 core ({' + '.join(f.stem for f in raw_files)})", f"{rate['hf']:,.0f}", "", "1.00",
+             f"{rate['hf'] / rate['fast']:.2f}", "", "", ""],
+            [f"raw quicktok, 1 core ({' + '.join(f.stem for f in raw_files)})", f"{rate['fast']:,.0f}", "",
+             f"{rate['fast'] / rate['hf']:.2f}", "1.00", "", "", ""]]  # fmt: skip
+    phases = {}
+    for backend in backends:
+        stats, wall = pack(inputs, tokenizer, seq_len, backend, work / f"out-{backend}", window_samples)
+        steady = (stats.get("steady_tokens_per_second") or 0) / cores
+        whole = stats["tokens"] / wall / cores
+        rows.append([f"packfeed pack, {backend}: steady per core", f"{steady:,.0f}", "", f"{steady / rate['hf']:.2f}",
+                     f"{steady / rate['fast']:.2f}", f"{stats['first_row_seconds']:.2f}",
+                     f"{stats['ray_to_first_row_seconds']:.2f}", f"{stats['ray_init_seconds']:.2f}"])  # fmt: skip
+        rows.append([f"packfeed pack, {backend}: whole run per core ({wall:.1f} s)", f"{whole:,.0f}", "",
+                     f"{whole / rate['hf']:.2f}", f"{whole / rate['fast']:.2f}", "", "", ""])  # fmt: skip
+        phases[backend] = stats.get("startup_seconds", {})
+    table(f"## {name}: {cores} cores; tokens/s", ["measure", "tokens/s", "", "x raw HF", "x raw quicktok",
+          "first row s", "Ray up -> first row s", "Ray start s"], rows)  # fmt: skip
+    if "fast" in backends:
+        r = reader_rate(work / "out-fast")
+        table(f"## {name}: one reader process (row_stream.PackedDir, serve/train's read of a packed directory)",
+              ["rows", "rows/s", "token columns MB/s"],
+              [[f"{r['rows']:,}", f"{r['rows'] / r['seconds']:,.0f}", f"{r['bytes'] / r['seconds'] / 1e6:,.0f}"]])
+    names = list(dict.fromkeys(k for p in phases.values() for k in p))
+    table(f"## {name}: start-up by phase (s), stats.json `startup_seconds`", ["back-end", *names, "total"],
+          [[b, *(f"{p.get(k, 0):.2f}" for k in names), f"{sum(p.values()):.2f}"] for b, p in phases.items()])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=1_500_000, help="size of the mixed corpus")
+    parser.add_argument("--backends", default="hf,fast")
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--window-samples", type=int, help="the mix's windows (default: the config's, 8,192)")
+    args = parser.parse_args()
+    backends = args.backends.split(",")
+    work = Path(tempfile.mkdtemp(prefix="packfeed-bench-startup-"))
+    from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
+
+    bundled = [Path(p) for p in demo_corpus_paths()]
+    demo_chat = next(p for p in bundled if "chat" in p.name)
+    run_corpus("bundled corpus, bundled tokenizer, seq_len 2048", bundled, [demo_chat], demo_tokenizer_path(), 2048,
+               work, backends)
+    corpora = write_corpora(work, args.tokens * 2 // 5)
+    mixed = [corpora["text"], corpora["chat"], write_prompt_completion(work, args.tokens // 5)]
+    run_corpus(f"mixed corpus (~{args.tokens / 1e6:.1f}M tokens), Qwen2.5, seq_len 4096", mixed,
+               [corpora["text"], corpora["chat"]], qwen_tokenizer(REPO / "runs" / "bench-cache"), 4096, work, backends,
+               args.window_samples)
+    if not args.skip_train:
+        t = first_training_step(work)
+        table("## packfeed train, examples/train_demo.toml, 10 steps", ["first step at s", "data wait, steps 1-10",
+              "whole command s"], [[f"{t['first_step_s']:.1f}", f"{t['data_wait']:.0%}", f"{t['wall_s']:.1f}"]])
+
+
+if __name__ == "__main__":
+    main()

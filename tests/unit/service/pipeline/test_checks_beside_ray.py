@@ -1,0 +1,49 @@
+"""``pack``'s checks run in a thread while the embedded Ray starts (no Ray here: a stand-in
+``init_ray``): the result, a check's error first, and no Ray left behind a refused command."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from packfeed.service.pipeline import pack, raycluster
+from packfeed.service.pipeline.startup import StartupClock
+
+
+@pytest.mark.parametrize("check_fails, ray_fails, expected", [
+    pytest.param(False, False, "result", id="both-pass"),
+    pytest.param(True, False, ValueError, id="a-refused-command-shuts-its-ray-down"),
+    pytest.param(True, True, ValueError, id="the-check-error-before-rays"),
+    pytest.param(False, True, ConnectionError, id="rays-error-when-the-checks-pass"),
+])
+def test_the_checks_run_beside_rays_start(monkeypatch, check_fails, ray_fails, expected):
+    events, overlapped = [], threading.Event()
+    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
+    monkeypatch.setattr(raycluster, "shutdown_ray", lambda: events.append("shutdown"))
+
+    def fake_init(address):
+        overlapped.wait(5)  # returns only once the check has begun: they overlap
+        time.sleep(0.05)
+        if ray_fails:
+            raise ConnectionError("no Ray")
+        events.append("ray up")
+        return "Ray: started"
+
+    def check():
+        overlapped.set()
+        if check_fails:
+            raise ValueError("source 'chat': row 0: bad")
+        return "result"
+
+    monkeypatch.setattr(raycluster, "init_ray", fake_init)
+    clock = StartupClock()
+    if expected == "result":
+        result, ray = pack._check_while_ray_starts(check, None, clock)
+        assert result == "result" and ray.up >= ray.began and ray.seconds >= 0.05
+        assert [name for name, _ in clock.marks] == ["ray_start"] and events == ["ray up"]
+        return
+    with pytest.raises(expected):
+        pack._check_while_ray_starts(check, None, clock)
+    assert events == (["ray up", "shutdown"] if not ray_fails else [])
