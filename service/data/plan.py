@@ -323,8 +323,25 @@ def plan_from_scans(config: DataConfig, scans: list[list[FileScan]]) -> StreamPl
                    mixing_block(source_block(config, src), int(c), total, window))
         for i, ((src, scans, starts, first_id), c) in enumerate(zip(planned, counts))
     ]
+    warn_unaligned_blocks(sources, window)
     return StreamPlan(sources, window=window, epochs=config.epochs, block=config.block_samples, seed=config.seed,
                       schedule=config.schedule)
+
+
+def warn_unaligned_blocks(sources: list[SourcePlan], window: int) -> None:
+    """One warning per source whose block ``mixing_block`` capped below its JSONL files' seek
+    stride: each block then reads from the seek point before it, up to a stride of rows more
+    (measured: a small-window pack of JSONL on S3 read its inputs 4.8x instead of 2.3x).
+    Setting ``block_samples`` to the capped block puts a seek point at every block, at 8 bytes
+    of plan per seek point."""
+    for s in sources:
+        strides = {f.seek_stride for f in s.files if f.kind == "jsonl" and f.seek_stride > s.block}
+        if s.block and strides:
+            logger.warning(
+                "source %r: blocks of %d rows (capped so that every window of %d samples draws at least %d places of "
+                "it), but its JSONL seek points are %d rows apart: a block reads up to that many rows before its "
+                "start. Set block_samples = %d on the source to read only its rows",
+                s.name, s.block, window, MIN_BLOCKS_PER_WINDOW, max(strides), s.block)
 
 
 def warn_shared_files(owners: dict[str, list[str]]) -> None:

@@ -242,3 +242,20 @@ def test_text_pieces_carry_their_version_when_they_hold_one_file(tmp_path):
     assert len(piece.files) == 5 and (piece.size, piece.mtime_ns, piece.etag) == (-1, -1, None)
     single = build_plan(config([SourceConfig(name="t", paths=docs[:1])], window_samples=5)).window(0).pieces[0]
     assert (single.size, single.mtime_ns) == (os.path.getsize(docs[0]), os.stat(docs[0]).st_mtime_ns)
+
+
+@pytest.mark.parametrize("block, warned", [(256, True), (32, True), (3, False), (0, False)])
+def test_a_block_capped_below_the_jsonl_seek_stride_is_warned_about_with_the_block_that_aligns(
+        tmp_path, caplog, block, warned):
+    """Window 100 caps a source's block at 100 / 32 = 3 rows: with seek points every ``block``
+    rows (> 3) each block reads up to that many rows before its start, and the warning names
+    block_samples = 3; configured at 3 (or 0: file order) there is nothing to warn about."""
+    paths = write_source(tmp_path, "a", 400)
+    with caplog.at_level("WARNING", logger="packfeed"):
+        plan = build_plan(config([SourceConfig(name="a", paths=paths)], window_samples=100, block_samples=block))
+    said = [r.getMessage() for r in caplog.records if "seek points" in r.getMessage()]
+    assert plan.sources[0].block == (3 if block else 0)
+    if warned:
+        assert len(said) == 1 and f"{block} rows apart" in said[0] and "block_samples = 3" in said[0], said
+    else:
+        assert said == []
