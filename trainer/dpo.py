@@ -28,7 +28,6 @@ padding) add nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Any, Mapping, Sequence
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.pairs import pair_logps, pair_segments, segment_logps
 from packfeed.client.rows import PackedRows
-from packfeed.trainer.step import StepResult
+from packfeed.trainer.step import StepResult, micro_batch_contexts, step_count_and_scale
 
 logger = logging.getLogger(__name__)
 
@@ -117,27 +116,14 @@ def accumulate_dpo_gradients(
 
     if not micro_batches:
         raise ValueError("a step needs at least one micro-batch")
-    distributed = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size() if distributed else 1
     device = micro_batches[0]["input_ids"].device
-
-    local_pairs = sum(len(mb["chosen_segments"]) for mb in micro_batches)
-    pairs = torch.tensor([float(local_pairs)], dtype=torch.float64, device=device)
-    if distributed:
-        dist.all_reduce(pairs)
-    step_pairs = int(pairs.item())
-    scale = world_size / max(step_pairs, 1)
+    step_pairs, scale = step_count_and_scale(sum(len(mb["chosen_segments"]) for mb in micro_batches), device)
 
     # loss, chosen reward, rejected reward, correct pairs, trained tokens: sums over the step
     totals = torch.zeros(5, dtype=torch.float64, device=device)
     last = len(micro_batches) - 1
     for i, inputs in enumerate(micro_batches):
-        sync = contextlib.nullcontext() if i == last or not hasattr(model, "no_sync") else model.no_sync()
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=autocast_dtype)
-            if autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
+        sync, autocast = micro_batch_contexts(model, last=i == last, device=device, autocast_dtype=autocast_dtype)
         with sync:
             with autocast:
                 with torch.no_grad():
@@ -150,7 +136,7 @@ def accumulate_dpo_gradients(
             loss_sum.detach(), chosen_rewards.sum(), rejected_rewards.sum(),
             (chosen_rewards > rejected_rewards).sum(), (policy["chosen_tokens"] + policy["rejected_tokens"]).sum(),
         ]).double()
-    if distributed:
+    if dist.is_available() and dist.is_initialized():
         dist.all_reduce(totals)
     loss_total, chosen, rejected, correct, tokens = (float(x) for x in totals.tolist())
     n = max(step_pairs, 1)

@@ -74,35 +74,47 @@ def accumulate_gradients(
 
     if not micro_batches:
         raise ValueError("a step needs at least one micro-batch")
-    distributed = dist.is_available() and dist.is_initialized()
-    world_size = dist.get_world_size() if distributed else 1
     device = micro_batches[0]["input_ids"].device
-
-    local_tokens = sum(num_trained_tokens(mb) for mb in micro_batches)
-    tokens = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
-    if distributed:
-        dist.all_reduce(tokens)
-    step_tokens = int(tokens.item())
-    scale = world_size / max(step_tokens, 1)
+    step_tokens, scale = step_count_and_scale(sum(num_trained_tokens(mb) for mb in micro_batches), device)
 
     loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
     last = len(micro_batches) - 1
     for i, inputs in enumerate(micro_batches):
-        # DDP syncs gradients on the last micro-batch only.
-        sync = contextlib.nullcontext() if i == last or not hasattr(model, "no_sync") else model.no_sync()
-        autocast = (
-            torch.autocast(device_type=device.type, dtype=autocast_dtype)
-            if autocast_dtype is not None
-            else contextlib.nullcontext()
-        )
+        sync, autocast = micro_batch_contexts(model, last=i == last, device=device, autocast_dtype=autocast_dtype)
         with sync:
             with autocast:
                 micro_sum = token_loss_sum(model, inputs)
             (micro_sum * scale).backward()
         loss_sum += micro_sum.detach().double()
-    if distributed:
+    if dist.is_available() and dist.is_initialized():
         dist.all_reduce(loss_sum)
     return StepResult(loss=float(loss_sum.item()) / max(step_tokens, 1), trained_tokens=step_tokens)
+
+
+def step_count_and_scale(local_count: int, device: Any) -> tuple[int, float]:
+    """(what a step holds over every rank: trained tokens, pairs; the scale of each micro-batch's
+    loss sum). One all_reduce BEFORE any backward: a micro-batch backpropagates ``sum * world_size
+    / count``, and DDP's mean of the ranks' gradients is the gradient of the step's mean."""
+    import torch
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    total = torch.tensor([float(local_count)], dtype=torch.float64, device=device)
+    if distributed:
+        dist.all_reduce(total)
+    count = int(total.item())
+    return count, (dist.get_world_size() if distributed else 1) / max(count, 1)
+
+
+def micro_batch_contexts(model: Any, *, last: bool, device: Any, autocast_dtype: Any) -> tuple[Any, Any]:
+    """(gradient sync, autocast) for one micro-batch: DDP syncs gradients on the step's last
+    micro-batch only; autocast to ``autocast_dtype`` when one is given."""
+    import torch
+
+    sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+    autocast = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
+                else contextlib.nullcontext())
+    return sync, autocast
 
 
 def optimizer_step(model: Any, optimizer: Any, scheduler: Any, *, grad_clip: float) -> tuple[float, float]:
