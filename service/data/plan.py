@@ -61,6 +61,7 @@ logger = logging.getLogger("packfeed")
 
 MIN_AUTO_WINDOW = 1024
 MIN_BLOCKS_PER_WINDOW = 32  # every window draws at least this many blocks of each source (mixing_block)
+QUIET_SEEK_STRIDES = 16  # warn_unaligned_blocks: sources of up to 16 seek strides of rows are not warned about
 
 
 def auto_window(samples_per_epoch: int) -> int:
@@ -333,10 +334,11 @@ def warn_unaligned_blocks(sources: list[SourcePlan], window: int) -> None:
     stride: each block then reads from the seek point before it, up to a stride of rows more
     (measured: a small-window pack of JSONL on S3 read its inputs 4.8x instead of 2.3x).
     Setting ``block_samples`` to the capped block puts a seek point at every block, at 8 bytes
-    of plan per seek point."""
+    of plan per seek point. A source of at most ``QUIET_SEEK_STRIDES`` strides of rows is left
+    unsaid: reading it a few times over costs little."""
     for s in sources:
         strides = {f.seek_stride for f in s.files if f.kind == "jsonl" and f.seek_stride > s.block}
-        if s.block and strides:
+        if s.block and strides and s.num_rows > QUIET_SEEK_STRIDES * max(strides):
             logger.warning(
                 "source %r: blocks of %d rows (capped so that every window of %d samples draws at least %d places of "
                 "it), but its JSONL seek points are %d rows apart: a block reads up to that many rows before its "
