@@ -3,7 +3,6 @@ files and on the store; a plan from the scan manifest reads no input byte (the p
 a changed object is scanned again."""
 
 import json
-import logging
 import os
 import random
 import time
@@ -11,6 +10,7 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.store_runs import ray_reaching
 
 from packfeed.service.data.config import DataConfig, SourceConfig
 from packfeed.service.data.plan import build_plan
@@ -23,26 +23,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def ray_s3(s3_server):
-    """A Ray of this module whose workers reach the S3 server: a worker copies the environment
-    of the Ray it belongs to at its start, so Ray starts after the environment points there."""
+    """A Ray of this module whose workers reach the S3 server (support/store_runs.ray_reaching)."""
     import ray
 
-    from packfeed.service.pipeline.raycluster import agent_on_a_free_port, shutdown_ray
-
-    shutdown_ray()
-    saved = {name: os.environ.get(name) for name in s3_server.env()}
-    os.environ.update(s3_server.env())
-    with agent_on_a_free_port():
-        ray.init(address="local", num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
-                 logging_level=logging.WARNING, log_to_driver=False)
-    yield ray
-    shutdown_ray()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
+    with ray_reaching(s3_server.env()):
+        yield ray
 
 def write_corpus(root) -> list[str]:
     """JSONL files of every ending (one large, split in many ranges), a Parquet and an Arrow file."""
