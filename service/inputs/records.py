@@ -141,13 +141,18 @@ def _parse_text(get: Callable[[str], Any]) -> str:
     return _nonblank_str(get("text"), "text")
 
 
+def _required(get: Callable[[str], Any], name: str) -> Any:
+    """The value of field ``name``; InvalidRecord when it is missing or null."""
+    value = get(name)
+    if value is MISSING:
+        raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
+    if value is None:
+        raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    return value
+
+
 def _parse_prompt_completion(get: Callable[[str], Any]) -> PromptCompletion:
-    prompt, completion = get("prompt"), get("completion")
-    for name, value in (("prompt", prompt), ("completion", completion)):
-        if value is MISSING:
-            raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
-        if value is None:
-            raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    prompt, completion = _required(get, "prompt"), _required(get, "completion")
     tools = _parse_tools(get("tools"))
     if isinstance(prompt, str) and isinstance(completion, str):
         return PromptCompletion(prompt, _nonblank_str(completion, "completion"), tools)
@@ -161,23 +166,14 @@ def _parse_prompt_completion(get: Callable[[str], Any]) -> PromptCompletion:
 
 
 def _parse_conversation(get: Callable[[str], Any]) -> Conversation:
-    messages = get("messages")
-    if messages is MISSING:
-        raise InvalidRecord(MISSING_FIELD, "no 'messages' field")
-    if messages is None:
-        raise InvalidRecord(EMPTY_FIELD, "'messages' is null")
+    messages = _required(get, "messages")
     if not isinstance(messages, list):
         raise InvalidRecord(WRONG_TYPE, f"'messages' is a {type(messages).__name__}, expected a list of messages")
     return Conversation(_parse_messages(messages, "messages"), _parse_tools(get("tools")))
 
 
 def _parse_preference(get: Callable[[str], Any]) -> Preference:
-    prompt, chosen, rejected = get("prompt"), get("chosen"), get("rejected")
-    for name, value in (("chosen", chosen), ("rejected", rejected)):
-        if value is MISSING:
-            raise InvalidRecord(MISSING_FIELD, f"no {name!r} field")
-        if value is None:
-            raise InvalidRecord(EMPTY_FIELD, f"{name!r} is null")
+    prompt, chosen, rejected = get("prompt"), _required(get, "chosen"), _required(get, "rejected")
     tools = _parse_tools(get("tools"))
     if isinstance(chosen, str) and isinstance(rejected, str):
         if not _present(prompt):
