@@ -102,8 +102,9 @@ def pack_pairs(pairs: list[Pair], seq_len: int, *, plain: list[np.ndarray] = (),
 
 def alone_logps(model, ids: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, int]:
     """Sum of log p(labels[t] | ids[:t]) over the trained labels of one sequence run alone."""
-    logits = model(input_ids=torch.as_tensor(ids)[None], use_cache=False).logits[0]
-    total, count = torch.zeros(()), 0
+    device = next(model.parameters()).device
+    logits = model(input_ids=torch.as_tensor(ids, device=device)[None], use_cache=False).logits[0]
+    total, count = torch.zeros((), device=device), 0
     for t in range(1, len(ids)):
         if labels[t] != IGNORE_INDEX:
             total = total + torch.log_softmax(logits[t - 1].float(), dim=-1)[int(labels[t])]
