@@ -228,7 +228,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
         run.data, packed_or_plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
         faults_env=faults.environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
-        pad_id=tokenizer.pad_id,
+        pad_id=tokenizer.pad_id, tokenizer=tokenizer.ship(),
         state=None if state is None else state["stream"], saved_manifest=None if state is None else state.get("manifest"),
     )
     ray.get(feeder.total_rows.remote())  # a feeder that cannot start fails here, as itself, not in every worker
@@ -361,17 +361,22 @@ def _stopped(run: RunConfig, output: str | Path, summary: dict[str, Any], record
 
 class StreamFeeder(RowFeeder):
     """The run's RowFeeder, built inside its actor over the run's stream (``open_stream``): the
-    packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir."""
+    packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir.
+    ``tokenizer``: the driver's ``SampleTokenizer.ship()``, for the catch-up path and the
+    packing actors (none of them imports transformers or proves steps 1-3 again)."""
 
     def __init__(self, config: Any, packed_or_plan: Any, scaling: Any, *, output: str, state: dict | None,
-                 saved_manifest: dict | None, pad_id: int, faults_env: dict | None = None, **layout: Any) -> None:
+                 saved_manifest: dict | None, pad_id: int, tokenizer: Any, faults_env: dict | None = None,
+                 **layout: Any) -> None:
         from packfeed.service.pipeline.raycluster import quiet_ray
         from packfeed.service.delivery.row_stream import open_stream
+        from packfeed.service.tokenize.samples import SampleTokenizer
         from packfeed.trainer.feeder import load_manifest
 
         quiet_ray()
         faults.adopt(faults_env)
-        stream = open_stream(packed_or_plan, config, scaling=scaling)
+        loaded = SampleTokenizer(tokenizer, loss=config.loss, add_eos=config.add_eos, backend=config.tokenizer_backend)
+        stream = open_stream(packed_or_plan, config, tokenizer=loaded, scaling=scaling)
         manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)
         stream.seed_manifest(manifest)
         if stream.mixture is not None:  # the checkpoint's mixture changes, then the loop's new ones

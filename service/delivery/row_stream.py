@@ -150,11 +150,13 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
     }
 
     mixture = mixture_control(config, plan)
+    shipped = tokenizer.ship()  # what every reader's packing actors load (the mixture may change, not the tokenizer)
 
     def plan_reader(current_config: DataConfig, current_plan: StreamPlan, window: int,
                     first_row: int) -> Iterable[tuple[int, PackedRows]]:
         logger.info("packing from window %d of %d (row %s)", window, current_plan.num_windows, f"{first_row:,}")
-        pipeline = PackingPipeline(current_config, current_plan, scaling=scaling, start_window=window, stats=stats)
+        pipeline = PackingPipeline(current_config, current_plan, scaling=scaling, start_window=window, stats=stats,
+                                   tokenizer=shipped)
         for out in pipeline.iter_windows(first_row):
             yield out.window, out.rows
         report_end_of_stream(stats, config.seq_len)

@@ -173,7 +173,8 @@ def _pack(config, plan, scaling, open_writer, tokenizer, clock, ray: RayTimes, *
     if _actors_write(output):
         sink = PartSink(output, seq_len=config.seq_len, config_hash=config.config_hash(),
                         num_windows=plan.num_windows, ledger=RowLedger.new(), validate=validate)
-    pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows), sink=sink)
+    pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows), sink=sink,
+                               tokenizer=tokenizer.ship())
     # every check passed (inputs, tokenizer, probe, Ray, placement): only now may overwrite
     # remove the previous output
     writer = open_writer()

@@ -7,7 +7,8 @@
                                                              one window per call
                                                          ->  Arrow blocks of rows + "window" + "stats"
 
-The actors hold the tokenizers (loaded once per actor) and call ``process_window``; they hold
+The actors hold the tokenizers (one per loss mode, from the driver's ``ShippedTokenizer``
+when given: no transformers import in the actor) and call ``process_window``; they hold
 no packing logic. Each window is packed whole inside one call, so no partial row is carried
 between calls and no tail is lost at the end of the stream (Ray Data has no end-of-stream
 hook). With ``preserve_order`` the stream order is the plan order: the same config and seed
@@ -35,7 +36,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -61,7 +62,7 @@ class WindowActor:
     """Ray Data callable class: a window number in, that window's packed rows out."""
 
     def __init__(self, config: DataConfig, plan: StreamPlan, threads: int, faults_env: dict | None = None,
-                 sink: PartSink | None = None) -> None:
+                 sink: PartSink | None = None, tokenizer: Any = None) -> None:
         self.timings: dict[str, float] | None = {"process_created": _process_created(), "init_start": time.time()}
         faults.adopt(faults_env)  # the driver's $PACKFEED_FAULTS (Ray started this process before it was set)
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
@@ -73,7 +74,8 @@ class WindowActor:
         self.config, self.plan, self.sink = config, plan, sink
         common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend,
                       num_threads=threads)
-        first = SampleTokenizer(config.tokenizer, loss=plan.sources[0].loss, **common)
+        first = SampleTokenizer(config.tokenizer if tokenizer is None else tokenizer, loss=plan.sources[0].loss,
+                                **common)
         self.tokenizers = {plan.sources[0].loss: first}
         for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
             self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, **common)
@@ -166,11 +168,14 @@ class PackingPipeline:
 
     ``dataset`` is the Ray dataset of blocks; ``iter_windows(first_row)`` is what the CLI, the
     hub and the feeder read, with a global ``row_index`` starting at ``first_row`` (the index
-    of the first row of ``start_window``).
+    of the first row of ``start_window``). ``tokenizer``: the driver's ``SampleTokenizer.ship()``
+    for the actors (None: each actor loads ``config.tokenizer`` itself, transformers and the
+    fast back-end's whole proof included: seconds more per actor).
     """
 
     def __init__(self, config: DataConfig, plan: StreamPlan, *, scaling: PackingScaling = PackingScaling(),
-                 start_window: int = 0, stats: RunStats | None = None, sink: PartSink | None = None) -> None:
+                 start_window: int = 0, stats: RunStats | None = None, sink: PartSink | None = None,
+                 tokenizer: Any = None) -> None:
         if not 0 <= start_window <= plan.num_windows:
             raise ValueError(f"start_window must be in [0, {plan.num_windows}], got {start_window}")
         self.config, self.plan, self.start_window = config, plan, start_window
@@ -205,7 +210,8 @@ class PackingPipeline:
             [{"window": k} for k in self.windows], override_num_blocks=max(1, len(self.windows))
         ).map_batches(
             WindowActor,
-            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker)), faults.environment(), sink),
+            fn_constructor_args=(config, plan, max(1, int(scaling.cpus_per_worker)), faults.environment(), sink,
+                                 tokenizer),
             batch_size=1,
             batch_format="numpy",
             compute=compute,

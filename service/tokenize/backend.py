@@ -15,73 +15,62 @@ user can read:
    has no scanner for, and fails if its own stress suite differs from ``tokenizers``.
 3. **Stress** (~0.3 s): ``STRESS`` texts plus each added token inside text, against HF:
    ids with and without the post-processor's tokens, and the token under EVERY character edge
-   for both edge rules the loss masks use.
+   for both edge rules the loss masks use. (Steps 1 and 3 are fast_checks.py.)
 
 ``tokenize.SampleTokenizer`` then runs step 4 on its first window (a sample of the real
 inputs through the whole tokenization, masks included, with both back-ends) before it trusts
 the fast one. Under ``auto`` any refusal (or any error while loading quicktok) falls back to HF
 (the actor notes why at DEBUG; the driver says each distinct choice once per run, from the
-window stats: ``log_choices``); under ``fast`` it raises ``FastPathRefused``. The whole proof costs ~3 s per
-packing actor on this machine, once. pack, serve and train run steps 1-3 on the driver too, before
-Ray starts (``EncoderChoice.check_early``; ``fast`` at construction), so a tokenizer refused at load
-is said before the actors start (the bundled demo tokenizer: in 3 ms; a 150k vocabulary that
-passes costs the driver ~1.2 s).
+window stats: ``log_choices``); under ``fast`` it raises ``FastPathRefused``. pack, serve and
+train run steps 1-3 on the driver, before Ray starts (``EncoderChoice.check_early``; ``fast`` at
+construction), so a tokenizer refused at load is said before the actors start (the bundled demo
+tokenizer: in 3 ms; a 150k vocabulary that passes costs the driver ~1.2 s), and ship their
+outcome to the packing actors (``EncoderChoice.proof``, ``FastProof``, shipped.py): an actor
+then rebuilds the fast encoder from quicktok's files in milliseconds rather than ~2.5 s, and
+runs step 4 alone. A tokenizer an actor loads by name (no proof) runs all four steps there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
-import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from packfeed.client.offsets import starts_of
 from packfeed.service.data.config import TOKENIZER_BACKENDS
 from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
+from packfeed.service.tokenize.fast_checks import (
+    FastPathRefused,
+    backend_spec,
+    compare_encoders,
+    shape_refusal,
+    stress_texts,
+)
 from packfeed.service.inputs.records import Conversation, Preference, PromptCompletion
 from packfeed.service.inputs.read import RawWindow
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = TOKENIZER_BACKENDS  # one list of choices, the config's
+QUICKTOK_NAME = "packfeed"  # the name quicktok's files carry
 VERIFY_CHARS = 1 << 18  # characters of real samples tokenized twice in step 4 (~0.1-0.3 s)
 
-# Texts that probe what a byte-level BPE can get wrong: pre-tokenizer classes (contractions,
-# digits, punctuation runs, whitespace before newlines), scripts and combining marks, text
-# that NFC changes, emoji sequences split over several byte tokens, controls.
-STRESS = [
-    "Plain words, commas; and a full stop.",
-    "She said: \"it's fine\" -- they'd've LEFT. I'M SURE YOU'LL see; 'quoted' words.",
-    "def pack(xs: list[int]) -> int:\n\treturn sum(x ** 2 for x in xs)  # squares\r\n",
-    "    indented\n        deeper\n\n\n   \n\t\ttabs\t \n  trailing   ",
-    "numbers 0 7 42 2024 3.14159 1,000,000 0x1F 1e-9 -12 +7 100%",
-    "résumé naïve façade Zürich São Paulo Ærøskøbing İstanbul",
-    "e\u0301 A\u030a \u212b \u1e9b\u0323 n\u0303o",  # not NFC: combining marks, angstrom sign
-    "Приветствую, мир! Γειά σου Κόσμε.",
-    "שלום עולם. مرحبا بالعالم. नमस्ते दुनिया",
-    "漢字かな交じり文。中文标点，全角ＡＢＣ１２３。한국어 문장입니다.",
-    "emoji 🚀🔥 family 👨\u200d👩\u200d👧 flag 🇫🇷 skin 👍🏽 keycap 1\ufe0f\u20e3",
-    "spaces\u00a0no-break\u2009thin\u3000ideographic\u200bzero-width",
-    "control\x00null\x1bescape\x7fdel\u0085nel\u2028line",
-    "http://example.org/a/b?c=1&d=%20#x <div class=\"k\">&amp;</div> {\"key\": [1, 2]}",
-    "!!!???... ---=== ***/// ((([[[{{{}}}]]]))) <<<>>> ~~~ ``` @@@ ###",
-    "x" * 120 + " " + "ab" * 60,
-    "\n",
-    " ",
-    "a",
-    "",
-]
+@dataclass(frozen=True)
+class FastProof:
+    """Steps 1-3 as one process ran them on a backend, for the packing actors that get the same
+    backend (``ShippedTokenizer``): quicktok's imported files and what was checked, or why the
+    fast back-end was refused. An actor then skips quicktok's import and the stress texts (~2 s
+    for a 150k vocabulary); step 4 still runs in every actor, on its own first window."""
 
-
-class FastPathRefused(ValueError):
-    """The fast back-end cannot reproduce this tokenizer; the message says why."""
+    files: dict | None = None  # file name -> bytes (``load_fast``)
+    checks: dict | None = None
+    refused: str | None = None
 
 
 class EncoderChoice:
@@ -94,12 +83,15 @@ class EncoderChoice:
     """
 
     def __init__(self, backend: Any, requested: str, *, name: str, threads: int,
-                 probes: Callable[[], list[str]] = list) -> None:  # fmt: skip
+                 probes: Callable[[], list[str]] = list, proof: FastProof | None = None) -> None:  # fmt: skip
         self.hf = HFEncoder(backend)
         self.fast: FastEncoder | None = None
+        self._proof = proof  # steps 1-3 as another process ran them on this backend (``proof()``)
+        self._files: dict | None = None  # quicktok's files, when steps 1-3 ran or were taken from a proof
         self.encoder: Any = self.hf if requested == "hf" else None
         self.report: dict[str, Any] = {"tokenizer": name, "requested": requested}
         self._name, self._threads, self._probes, self._taken = name, threads, probes, False
+        self._refusal: str | None = None  # why steps 1-3 refused the fast back-end
         self._load_seconds = 0.0
         if requested == "hf":
             self.report.update(backend="hf", reason="requested")
@@ -171,15 +163,38 @@ class EncoderChoice:
         return None
 
     def _load(self) -> None:
+        """Steps 1-3, or their outcome taken from ``proof`` (the driver's, for this backend)."""
         started = time.perf_counter()
         try:
-            self.fast, self.report["checks"] = load_fast(self.hf.backend, threads=self._threads, texts=self._probes())
-        except FastPathRefused:
+            if self._proof is not None:
+                if self._proof.refused is not None:
+                    raise FastPathRefused(self._proof.refused)
+                self.fast = encoder_from_files(self.hf.backend, self._proof.files, threads=self._threads)
+                self._files = self._proof.files
+                self.report["checks"] = {**self._proof.checks, "threads": self._threads,
+                                         "steps_1_3": "proven by the driver"}
+            else:
+                self.fast, self.report["checks"], self._files = load_fast(
+                    self.hf.backend, threads=self._threads, texts=self._probes())
+        except FastPathRefused as e:
+            self._refusal = str(e)
             raise
         except Exception as e:  # quicktok itself failed: not the user's error under "auto"
-            raise FastPathRefused(f"loading the fast back-end failed: {type(e).__name__}: {e}") from None
+            self._refusal = f"loading the fast back-end failed: {type(e).__name__}: {e}"
+            raise FastPathRefused(self._refusal) from None
         finally:
             self._load_seconds = time.perf_counter() - started
+
+    def proof(self) -> FastProof | None:
+        """What steps 1-3 decided here, for processes that get this backend as it is
+        (``ShippedTokenizer``): quicktok's files and the checks, or the refusal. None when
+        they have not run (``hf``, or ``auto`` before ``check_early``)."""
+        if self._files is not None and self.fast is not None:
+            checks = {k: v for k, v in self.report["checks"].items() if not k.startswith("sample_")}
+            return FastProof(files=self._files, checks=checks)
+        if self._refusal is not None:
+            return FastProof(refused=self._refusal)
+        return None
 
     def _refused(self, e: Exception) -> FastPathRefused:
         return FastPathRefused(
@@ -215,74 +230,11 @@ def _choice_line(report: dict[str, Any]) -> str | None:
     return None
 
 
-def backend_spec(backend: Any) -> dict[str, Any]:
-    """The parts of a ``tokenizers.Tokenizer``'s JSON that ``shape_refusal`` reads, without
-    serializing its vocabulary."""
-
-    def part(component: Any) -> dict | None:
-        return None if component is None else json.loads(component.__getstate__())
-
-    model = backend.model
-    return {
-        "model": {"type": type(model).__name__, **{k: getattr(model, k, None) for k in (
-            "dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback")}},
-        "normalizer": part(backend.normalizer),
-        "post_processor": part(backend.post_processor),
-        "truncation": backend.truncation,
-        "padding": backend.padding,
-        "added_tokens": [
-            {"id": i, "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip, "single_word": t.single_word,
-             "normalized": t.normalized}
-            for i, t in sorted(backend.get_added_tokens_decoder().items())
-        ],
-    }  # fmt: skip
-
-
-def shape_refusal(spec: dict[str, Any]) -> str | None:
-    """Why the tokenizer JSON ``spec`` (``backend.to_str()``) is outside what the fast path
-    mirrors, or None. Normalizer and pre-tokenizer are quicktok's import's to judge."""
-    model = spec.get("model") or {}
-    if model.get("type") != "BPE":
-        return f"model type {model.get('type')!r} is not byte-level BPE (SentencePiece/WordPiece/Unigram use HF)"
-    for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
-        if model.get(key):
-            return f"BPE model sets {key}={model[key]!r}"
-    if model.get("byte_fallback"):
-        return "BPE model uses byte_fallback (a SentencePiece-style BPE, not byte-level)"
-    for key in ("truncation", "padding"):
-        if spec.get(key):
-            return f"the tokenizer has {key} enabled"
-    normalized = spec.get("normalizer") is not None
-    for t in spec.get("added_tokens", []):
-        flags = [f for f in ("lstrip", "rstrip", "single_word") if t.get(f)]
-        if flags:
-            return f"added token {t['content']!r} sets {'/'.join(flags)} (matched with its surroundings)"
-        if t.get("normalized") and normalized:
-            return f"added token {t['content']!r} is matched after normalization"
-    return _post_processor_refusal(spec.get("post_processor"))
-
-
-def _post_processor_refusal(node: dict | None) -> str | None:
-    if node is None:
-        return None
-    kind = node.get("type")
-    if kind == "Sequence":
-        for child in node.get("processors", []):
-            reason = _post_processor_refusal(child)
-            if reason:
-                return reason
-        return None
-    if kind == "ByteLevel":
-        return "post-processor ByteLevel trims offsets" if node.get("trim_offsets") else None
-    if kind == "TemplateProcessing":
-        return None
-    return f"post-processor {kind!r} is not supported (only ByteLevel and TemplateProcessing)"
-
-
-def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple[FastEncoder, dict[str, Any]]:
+def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple[FastEncoder, dict[str, Any], dict]:
     """Steps 1-3 (module docstring) on the HF ``backend`` (a ``tokenizers.Tokenizer``) and
-    ``texts`` (extra probes, e.g. a rendered chat). Returns the encoder and what was checked;
-    raises ``FastPathRefused``. Leaves no file behind."""
+    ``texts`` (extra probes, e.g. a rendered chat). Returns the encoder, what was checked, and
+    quicktok's imported files (name -> bytes: what ``encoder_from_files`` rebuilds the encoder
+    from in another process, without steps 2-3); raises ``FastPathRefused``. Leaves no file behind."""
     started = time.perf_counter()
     try:
         import quicktok
@@ -292,37 +244,22 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
     reason = shape_refusal(spec)
     if reason:
         raise FastPathRefused(reason)
-    spec_text = backend.to_str()
-    workdir = tempfile.mkdtemp(prefix="packfeed-quicktok-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="packfeed-quicktok-") as workdir:
         path = os.path.join(workdir, "tokenizer.json")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(spec_text)
+            f.write(backend.to_str())
         log = io.StringIO()
         try:
             with contextlib.redirect_stdout(log):
-                quicktok.import_tokenizer(path, "packfeed", data_dir=workdir)
-            quick = quicktok.Tokenizer("packfeed", workdir)
+                quicktok.import_tokenizer(path, QUICKTOK_NAME, data_dir=workdir)
         except Exception as e:  # quicktok.importer.ImportRefused, or a file it could not read
             raise FastPathRefused(f"quicktok refused the import: {_first_reason(str(e))}") from None
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        os.remove(path)
+        files = {name: open(os.path.join(workdir, name), "rb").read() for name in os.listdir(workdir)}
     imported = time.perf_counter()
-
-    n_vocab = max(quick.n_vocab, backend.get_vocab_size(with_added_tokens=True))
-    byte_lengths = np.zeros(n_vocab, dtype=np.int64)
-    for i in range(quick.n_vocab):
-        try:
-            byte_lengths[i] = len(quick.decode_single_token_bytes(i))
-        except KeyError:
-            pass
-    reference = HFEncoder(backend)
-    prefix, suffix = _post_tokens(backend)
-    added = {t["content"]: t["id"] for t in spec["added_tokens"]}
-    encoder = FastEncoder(quick, reference, byte_lengths=byte_lengths, added=added, prefix=prefix, suffix=suffix,
-                          nfc=(spec.get("normalizer") or {}).get("type") == "NFC", threads=threads)  # fmt: skip
+    encoder = encoder_from_files(backend, files, threads=threads, spec=spec)
     probes = stress_texts(spec, texts)
-    checked = compare_encoders(reference, encoder, probes)
+    checked = compare_encoders(encoder.reference, encoder, probes)
     return encoder, {
         "encoder": f"quicktok {getattr(quicktok, '__version__', '?')}",
         "threads": threads,
@@ -330,7 +267,36 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
         "stress_texts": len(probes),
         **checked,
         "stress_seconds": round(time.perf_counter() - imported, 3),
-    }
+    }, files
+
+
+def encoder_from_files(backend: Any, files: dict, *, threads: int = 1, spec: dict | None = None) -> FastEncoder:
+    """The FastEncoder of ``backend`` from quicktok's files for it (``load_fast``'s third
+    result): milliseconds, where importing takes ~2 s for a 150k vocabulary. Proves nothing:
+    the caller holds the proof that these files reproduce this backend."""
+    import quicktok
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="packfeed-quicktok-") as workdir:
+            for name, data in files.items():
+                with open(os.path.join(workdir, name), "wb") as f:
+                    f.write(data)
+            quick = quicktok.Tokenizer(QUICKTOK_NAME, workdir)
+    except Exception as e:  # a file it could not read
+        raise FastPathRefused(f"quicktok could not load its files: {_first_reason(str(e))}") from None
+    spec = spec if spec is not None else backend_spec(backend)
+    n_vocab = max(quick.n_vocab, backend.get_vocab_size(with_added_tokens=True))
+    byte_lengths = np.zeros(n_vocab, dtype=np.int64)
+    for i in range(quick.n_vocab):
+        try:
+            byte_lengths[i] = len(quick.decode_single_token_bytes(i))
+        except KeyError:
+            pass
+    prefix, suffix = _post_tokens(backend)
+    added = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    return FastEncoder(quick, HFEncoder(backend), byte_lengths=byte_lengths, added=added, prefix=prefix,
+                       suffix=suffix, nfc=(spec.get("normalizer") or {}).get("type") == "NFC",
+                       threads=threads)  # fmt: skip
 
 
 def _first_reason(message: str) -> str:
@@ -352,65 +318,6 @@ def _post_tokens(backend: Any) -> tuple[list[int], list[int]]:
         if full[i : i + len(bare)] == bare:
             return full[:i], full[i + len(bare) :]
     raise FastPathRefused("the post-processor changes the text's own tokens")
-
-
-def stress_texts(spec: dict[str, Any], extra: list[str] = ()) -> list[str]:
-    """STRESS, and each added token alone, doubled, glued to text and cut in half, and ``extra``."""
-    added = [t["content"] for t in spec.get("added_tokens", [])]
-    cut = [f"{tok[: len(tok) // 2]} {tok[len(tok) // 2:]}" for tok in added]
-    glued = [f"x{tok}{tok}\n{tok[: len(tok) // 2]}y {tok}." for tok in added]
-    return [*STRESS, *added, *cut, *glued, *extra]
-
-
-def compare_encoders(reference: HFEncoder, fast: FastEncoder, texts: list[str]) -> dict[str, int]:
-    """Ids (with and without post-processor tokens) and the token under every character edge,
-    for both edge rules, must agree. Returns counts of what was compared."""
-    tokens = edges = 0
-    # text k once per character c of it (and c = len): each copy asks for one completion start
-    copies = [(t, c) for t in texts for c in range(len(t) + 1)]
-    spans = [[(c, min(c + w, len(t))) for c in range(len(t)) for w in (1, 2, 3, 5, 9)] for t in texts]
-    # one empty span per text sends HF to its offsets rule for every span of that text
-    offset_spans = [[(c, min(c + w, len(t))) for c in range(0, len(t), 2) for w in (1, 4)] + [(0, 0)] for t in texts]
-    for special in (False, True):
-        ref = reference.encode(texts, special=special, edges=True)
-        got = fast.encode(texts, special=special, edges=True)
-        if ref.failed or got.failed:
-            raise FastPathRefused(f"a stress text failed to encode: {(ref.failed or got.failed)[0][1]}")
-        _same_ids(ref, got, texts, f"add_special_tokens={special}")
-        tokens += len(ref.ids)
-        ref_c = reference.encode([t for t, _ in copies], special=special, edges=True)
-        got_c = fast.encode([t for t, _ in copies], special=special, edges=True)
-        chars = [c for _, c in copies]
-        _same(ref_c.first_tokens(chars).tolist(), got_c.first_tokens(chars).tolist(), [t for t, _ in copies],
-              "the first token at a character", chars)  # fmt: skip
-        edges += len(chars)
-    for sp in (spans, offset_spans):  # spans only mask chat text, encoded without post-processor tokens
-        ref = reference.encode(texts, special=False, edges=True)
-        got = fast.encode(texts, special=False, edges=True)
-        _same(ref.span_tokens(sp), got.span_tokens(sp), texts, "span tokens", sp)
-        edges += 2 * sum(map(len, sp))
-    return {"stress_tokens": tokens, "stress_edges": edges}
-
-
-def _same_ids(ref, got, texts: list[str], what: str) -> None:
-    if np.array_equal(ref.lengths, got.lengths) and np.array_equal(ref.ids, got.ids):
-        return
-    starts, got_starts = starts_of(ref.lengths), starts_of(got.lengths)
-    for k, text in enumerate(texts):
-        a = ref.ids[starts[k] : starts[k] + ref.lengths[k]].tolist()
-        b = got.ids[got_starts[k] : got_starts[k] + got.lengths[k]].tolist()
-        if a != b:
-            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            raise FastPathRefused(
-                f"ids differ from HF ({what}) on {text[:60]!r} at token {at}: HF {a[at:at + 4]}, fast {b[at:at + 4]}"
-            )
-
-
-def _same(ref: list, got: list, texts: list[str], what: str, asked: list) -> None:
-    if ref == got:
-        return
-    k = next(i for i, (x, y) in enumerate(zip(ref, got)) if x != y)
-    raise FastPathRefused(f"{what} differ from HF on {texts[k][:60]!r} (asked {asked[k]}): HF {ref[k]}, fast {got[k]}")
 
 
 # ---- step 4: the first window, tokenized by both back-ends ------------------------------------

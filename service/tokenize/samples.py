@@ -106,8 +106,9 @@ class _Group:
 class SampleTokenizer:
     """Tokenizes windows of samples; load once per actor (loading takes ~1 s for 150k vocabs).
 
-    ``tokenizer`` is a local directory or Hub id for ``AutoTokenizer.from_pretrained``, or an
-    already loaded fast tokenizer. Sets no global state (thread counts are the caller's).
+    ``tokenizer`` is a local directory or Hub id for ``AutoTokenizer.from_pretrained``, an
+    already loaded fast tokenizer, or a ``ShippedTokenizer`` (a packing actor's: ``ship()`` on
+    the driver). Sets no global state (thread counts are the caller's).
 
     ``backend`` picks the encoder (encoders.py): ``hf`` the tokenizer's own Rust backend;
     ``fast`` quicktok, refused with ``FastPathRefused`` (a ValueError) when it cannot prove
@@ -154,12 +155,20 @@ class SampleTokenizer:
         self.loss, self.add_eos, self.strict = loss, add_eos, strict
         self._chat: ChatRenderer | None = None
         self._encoders = EncoderChoice(
-            self._backend, backend, name=self.name, threads=num_threads or _available_cpus(), probes=self._probe_texts
+            self._backend, backend, name=self.name, threads=num_threads or _available_cpus(), probes=self._probe_texts,
+            proof=getattr(tokenizer, "fast_proof", None),  # a ShippedTokenizer's: the driver's steps 1-3
         )
 
     @property
     def tokenizer(self) -> Any:
         return self._tok
+
+    def ship(self) -> Any:
+        """This tokenizer as the packing actors get it (``ShippedTokenizer``): rebuilt there
+        without transformers, with the driver's steps 1-3 of the fast back-end's proof."""
+        from packfeed.service.tokenize.shipped import ShippedTokenizer
+
+        return ShippedTokenizer.of(self._tok, self._encoders.proof())
 
     @property
     def name(self) -> str:

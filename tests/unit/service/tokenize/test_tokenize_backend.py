@@ -214,7 +214,7 @@ def test_generation_markers_with_empty_and_split_spans(qwen_tok, tmp_path):
 def test_fast_edges_equal_hf_at_every_character(qwen_tok):
     """Both edge rules, every character and every span of short texts, against HF directly."""
     backend = qwen_tok.backend_tokenizer
-    fast, _ = load_fast(backend, threads=1)
+    fast, _, _ = load_fast(backend, threads=1)
     reference = HFEncoder(backend)
     texts = ["a 🦩b龘 c", "x<|im_end|>\n🪿's", "e\u0301 naïve 日本語", "  \n\tword𓀀"]
     for special in (False, True):
