@@ -12,7 +12,9 @@ user can read:
    SentencePiece, WordPiece and Unigram tokenizers stop here.
 2. **Import** (~2 s for a 150k vocabulary here): ``quicktok.import_tokenizer`` on the loaded
    backend's JSON; quicktok refuses normalizers other than NFC, pre-tokenizer patterns it
-   has no scanner for, and fails if its own stress suite differs from ``tokenizers``.
+   has no scanner for, and fails if its own stress suite differs from ``tokenizers``. Its
+   files are cached on local disk by the backend's JSON (quick_cache.py): a tokenizer
+   imported once on a machine is not imported again (steps 1 and 3 still run).
 3. **Stress** (~0.3 s): ``STRESS`` texts plus each added token inside text, against HF:
    ids with and without the post-processor's tokens, and the token under EVERY character edge
    for both edge rules the loss masks use. (Steps 1 and 3 are fast_checks.py.)
@@ -44,6 +46,7 @@ from typing import Any, Callable
 import numpy as np
 
 from packfeed.service.data.config import TOKENIZER_BACKENDS
+from packfeed.service.tokenize import quick_cache
 from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
 from packfeed.service.tokenize.fast_checks import (
     FastPathRefused,
@@ -230,11 +233,14 @@ def _choice_line(report: dict[str, Any]) -> str | None:
     return None
 
 
-def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple[FastEncoder, dict[str, Any], dict]:
+def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = (),
+              cache: bool = True) -> tuple[FastEncoder, dict[str, Any], dict]:
     """Steps 1-3 (module docstring) on the HF ``backend`` (a ``tokenizers.Tokenizer``) and
     ``texts`` (extra probes, e.g. a rendered chat). Returns the encoder, what was checked, and
     quicktok's imported files (name -> bytes: what ``encoder_from_files`` rebuilds the encoder
-    from in another process, without steps 2-3); raises ``FastPathRefused``. Leaves no file behind."""
+    from in another process, without steps 2-3); raises ``FastPathRefused``. Step 2 takes
+    quicktok's files from the local cache when this backend was imported before (``cache``,
+    quick_cache.py); steps 1 and 3 run every time. Leaves no file behind but the cache's."""
     started = time.perf_counter()
     try:
         import quicktok
@@ -244,10 +250,39 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
     reason = shape_refusal(spec)
     if reason:
         raise FastPathRefused(reason)
+    text, version = backend.to_str(), getattr(quicktok, "__version__", "?")
+    files = quick_cache.load(text, version) if cache else None
+    cached = files is not None
+    if not cached:
+        files = _import_quicktok(quicktok, text)
+        quick_cache.store(text, version, files)
+    imported = time.perf_counter()
+    try:
+        encoder = encoder_from_files(backend, files, threads=threads, spec=spec)
+        probes = stress_texts(spec, texts)
+        checked = compare_encoders(encoder.reference, encoder, probes)
+    except FastPathRefused:
+        if not cached:
+            raise
+        quick_cache.forget(text, version)  # a damaged or stale entry: import again, without it
+        return load_fast(backend, threads=threads, texts=texts, cache=False)
+    return encoder, {
+        "encoder": f"quicktok {version}",
+        "threads": threads,
+        "import": "cached" if cached else "imported",
+        "import_seconds": round(imported - started, 3),
+        "stress_texts": len(probes),
+        **checked,
+        "stress_seconds": round(time.perf_counter() - imported, 3),
+    }, files
+
+
+def _import_quicktok(quicktok: Any, backend_json: str) -> dict[str, bytes]:
+    """Step 2: quicktok's import of the backend's JSON (its own checks included); its files."""
     with tempfile.TemporaryDirectory(prefix="packfeed-quicktok-") as workdir:
         path = os.path.join(workdir, "tokenizer.json")
         with open(path, "w", encoding="utf-8") as f:
-            f.write(backend.to_str())
+            f.write(backend_json)
         log = io.StringIO()
         try:
             with contextlib.redirect_stdout(log):
@@ -255,19 +290,7 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = ()) -> tuple
         except Exception as e:  # quicktok.importer.ImportRefused, or a file it could not read
             raise FastPathRefused(f"quicktok refused the import: {_first_reason(str(e))}") from None
         os.remove(path)
-        files = {name: open(os.path.join(workdir, name), "rb").read() for name in os.listdir(workdir)}
-    imported = time.perf_counter()
-    encoder = encoder_from_files(backend, files, threads=threads, spec=spec)
-    probes = stress_texts(spec, texts)
-    checked = compare_encoders(encoder.reference, encoder, probes)
-    return encoder, {
-        "encoder": f"quicktok {getattr(quicktok, '__version__', '?')}",
-        "threads": threads,
-        "import_seconds": round(imported - started, 3),
-        "stress_texts": len(probes),
-        **checked,
-        "stress_seconds": round(time.perf_counter() - imported, 3),
-    }, files
+        return {name: open(os.path.join(workdir, name), "rb").read() for name in os.listdir(workdir)}
 
 
 def encoder_from_files(backend: Any, files: dict, *, threads: int = 1, spec: dict | None = None) -> FastEncoder:

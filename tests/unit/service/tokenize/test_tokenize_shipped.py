@@ -95,7 +95,7 @@ def test_pairs_chats_and_tools_tokenize_the_same_through_the_shipped_tokenizer(s
         assert len(ref.sample_ids) >= 6  # not vacuous: (almost) every record became a sample
 
 
-def test_the_actor_takes_the_drivers_steps_1_to_3_and_still_proves_its_window(tokenizers, monkeypatch):
+def test_the_actor_takes_the_drivers_steps_1_to_3_and_still_proves_its_window(tokenizers, monkeypatch, tmp_path):
     import quicktok
 
     driver = SampleTokenizer(tokenizers["qwen"], backend="auto", num_threads=1)
@@ -115,7 +115,9 @@ def test_the_actor_takes_the_drivers_steps_1_to_3_and_still_proves_its_window(to
     assert report["checks"]["stress_edges"] == driver.backend_report["checks"]["stress_edges"] > 0
     assert report["checks"]["sample_records"] == 2  # step 4: the actor's own window, both back-ends
 
-    # Without a proof (a tokenizer named, not shipped) the actor imports: the patch is what refuses.
+    # Without a proof (a tokenizer named, not shipped) the actor runs steps 1-3 itself: with no
+    # import cached, quicktok's import runs, and the patch refuses it.
+    monkeypatch.setenv("PACKFEED_CACHE_DIR", str(tmp_path))
     with pytest.raises(ValueError, match="quicktok's import ran again"):
         SampleTokenizer(tokenizers["qwen"], backend="fast", num_threads=1)
 
