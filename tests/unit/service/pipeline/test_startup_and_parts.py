@@ -48,3 +48,20 @@ def test_part_names_sort_in_stream_order(num_windows):
     windows = sorted({0, 1, num_windows // 2, max(num_windows - 2, 0), num_windows - 1})
     names = [part_name(k, num_windows) for k in windows]
     assert sorted(names) == names and len(set(names)) == len(names)
+
+
+def test_the_modules_an_embedded_rays_workers_preload_import_alone_without_torch():
+    """Ray logs a preload that fails and goes on (a typo would silently cost the seconds back);
+    and a preload that pulled in torch or transformers would cost every worker a second."""
+    import subprocess
+    import sys
+
+    from packfeed.service.pipeline.raycluster import WORKER_PRELOAD_MODULES
+
+    code = ("import importlib, sys\n"
+            f"for name in {list(WORKER_PRELOAD_MODULES)!r}: importlib.import_module(name)\n"
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    assert "packfeed.service.pipeline.ray_pipeline" in WORKER_PRELOAD_MODULES  # the actor class's module
