@@ -85,11 +85,11 @@ class ShippedTokenizer:
             self._backend = Tokenizer.from_str(self.backend_json)
         return self._backend
 
-    def get_chat_template(self, chat_template: str | None = None, tools: list | None = None) -> str:
-        """The template ``apply_chat_template`` would use: transformers picks the tools one
-        when ``tools`` is given (not None), the same choice the driver made for both cases."""
+    def get_chat_template(self, chat_template: None = None, tools: list | None = None) -> str:
+        """The template ``apply_chat_template`` would use (packing names none): transformers
+        picks the tools one when ``tools`` is given (not None); the driver asked it both ways."""
         if chat_template is not None:
-            return self._full_tokenizer().get_chat_template(chat_template, tools)
+            raise ValueError("a shipped tokenizer keeps the templates transformers picks by default, not named ones")
         template, error = self._chat_templates[_TOOLS if tools is not None else _NO_TOOLS]
         if template is None:
             raise ValueError(error)
