@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
 from packfeed.trainer.attention import VARLEN, select_attention  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from support.gpu import CUDA_BACKENDS, DEVICE, backend_or_skip  # noqa: E402
 from support.model_batch import VOCAB, packed_batch, segments  # noqa: E402
 
 pytestmark = [
@@ -35,22 +36,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-DEVICE = "cuda"
 # head_dim 64: a size every flash kernel supports (flash-attn-4 does not take head_dim 16).
 SIZE = {"hidden_size": 256, "intermediate_size": 512}
 BF16_TOL = 5e-2
 # Relative L2 error of all parameter gradients, bf16 autocast over fp32 weights. Measured on
 # CPU (llama, qwen3, gemma): 0.2% to 0.9% from rounding; 18% to 92% when samples leak.
 GRAD_RTOL = 5e-2
-CUDA_BACKENDS = [VARLEN, "flash_attention_2", "flash_attention_4"]
-
-
-def backend_or_skip(name: str) -> str:
-    try:
-        return select_attention(name, device=DEVICE)
-    except RuntimeError as why:
-        pytest.skip(str(why))
-
 
 def alone(batch: dict, r: int, start: int, length: int) -> dict:
     """One segment as a batch of its own: one row, one segment."""

@@ -12,7 +12,6 @@ the numbers are bf16, so the bounds are rounding bounds:
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -23,30 +22,21 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.pairs import segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows  # noqa: E402
-from packfeed.trainer.attention import VARLEN, select_attention  # noqa: E402
 from packfeed.trainer.dpo import DpoLoss, accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.tiny_models import tiny_config  # noqa: E402
-from support.pair_rows import alone_logps, pack_pairs, random_pairs, unpacked_dpo_loss  # noqa: E402
+from support.gpu import CUDA_BACKENDS, DEVICE, backend_or_skip  # noqa: E402
+from support.pair_rows import alone_logps, pack_pairs, random_pairs, segments_of, unpacked_dpo_loss  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-DEVICE = "cuda"
 VOCAB, SEQ_LEN, NUM_PAIRS = 96, 40, 10
 SIZE = {"hidden_size": 256, "intermediate_size": 512}  # head_dim 64: every flash kernel takes it
 LOGP_TOL_PER_TOKEN = 5e-2
 LOSS_TOL = 2e-2
 GRAD_RTOL = 5e-2
-CUDA_BACKENDS = [VARLEN, "flash_attention_2", "flash_attention_4"]
-
-
-def backend_or_skip(name: str) -> str:
-    try:
-        return select_attention(name, device=DEVICE)
-    except RuntimeError as why:
-        pytest.skip(str(why))
 
 
 def model(family: str, seed: int, attn: str):
@@ -79,13 +69,10 @@ def test_packed_segment_logps_equal_each_sequence_alone_bf16(backend, family):
     with bf16():
         logits = packed_model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
     sums, counts = segment_logps(logits, inputs["labels"], inputs["cu_seq_lens_q"])
-    starts = np.concatenate([[0], np.cumsum(rows.seq_lens)])
-    flat_ids, flat_labels = rows.input_ids.reshape(-1), rows.labels.reshape(-1)
     worst = 0.0
-    for s, sid in enumerate(rows.sample_ids):
+    for s, sid, ids, labels in segments_of(rows):
         if sid == PAD_SAMPLE_ID:
             continue
-        ids, labels = flat_ids[starts[s]:starts[s + 1]], flat_labels[starts[s]:starts[s + 1]]
         with bf16():
             alone, n = alone_logps(sdpa, ids, labels)
         assert int(counts[s]) == n == int((labels != IGNORE_INDEX).sum())

@@ -24,7 +24,7 @@ from packfeed.client.pairs import pair_segments, segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows, select_rows  # noqa: E402
 from packfeed.trainer.dpo import LN2, DpoLoss, accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
-from support.pair_rows import alone_logps, pack_pairs, random_pairs, unpacked_dpo_loss  # noqa: E402
+from support.pair_rows import alone_logps, pack_pairs, random_pairs, segments_of, unpacked_dpo_loss  # noqa: E402
 
 VOCAB, SEQ_LEN, NUM_PAIRS = 96, 40, 10
 EQUAL_LOGPS = 1e-4  # the bound; measured <= 4e-6 (sums of ~10 log-probs of ~-4.6)
@@ -74,14 +74,11 @@ def test_packed_segment_logps_equal_each_sequence_alone(family, attn):
     with torch.no_grad():
         logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
         sums, counts = segment_logps(logits, inputs["labels"], inputs["cu_seq_lens_q"])
-        starts = np.concatenate([[0], np.cumsum(rows.seq_lens)])
-        flat_ids, flat_labels = rows.input_ids.reshape(-1), rows.labels.reshape(-1)
         worst = 0.0
-        for s, sid in enumerate(rows.sample_ids):
+        for s, sid, ids, labels in segments_of(rows):
             if sid == PAD_SAMPLE_ID:
                 assert (float(sums[s]), int(counts[s])) == (0.0, 0)
                 continue
-            ids, labels = flat_ids[starts[s]:starts[s + 1]], flat_labels[starts[s]:starts[s + 1]]
             alone, n = alone_logps(model, ids, labels)
             assert int(counts[s]) == n == int((labels != IGNORE_INDEX).sum())
             worst = max(worst, abs(float(sums[s]) - float(alone)))

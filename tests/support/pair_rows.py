@@ -130,3 +130,11 @@ def unpacked_dpo_loss(policy, reference, pairs, loss: DpoLoss) -> torch.Tensor:
             eps = loss.label_smoothing
             losses.append(-(1 - eps) * torch.log(torch.sigmoid(z)) - eps * torch.log(torch.sigmoid(-z)))
     return torch.stack(losses).mean()
+
+
+def segments_of(rows: PackedRows):
+    """(segment index, sample id, ids, labels) of every segment of ``rows``, padding included."""
+    starts = np.concatenate([[0], np.cumsum(rows.seq_lens)])
+    flat_ids, flat_labels = rows.input_ids.reshape(-1), rows.labels.reshape(-1)
+    for s, sid in enumerate(rows.sample_ids):
+        yield s, int(sid), flat_ids[starts[s]:starts[s + 1]], flat_labels[starts[s]:starts[s + 1]]
