@@ -127,11 +127,13 @@ def test_serve_packs_on_the_packer_node_and_its_counters_reach_rays_metrics(clus
         assert server.wait(120) == 0, server.stderr.read()[-3000:]
     assert actors_by_role(cluster)["MapWorker(MapBatches(WindowActor))"] == {"packer"}
     url = f"http://127.0.0.1:{cluster['ports']['metrics1']}/metrics"
-    deadline, text = time.monotonic() + 60, ""
-    while time.monotonic() < deadline and "ray_packfeed_windows_packed_total" not in text:
+    counters = ("ray_packfeed_windows_packed_total", "ray_packfeed_actor_packed_tokens_total")
+    deadline = time.monotonic() + 60  # Ray exports the actors' counters every few seconds
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    while time.monotonic() < deadline and not all(name in text for name in counters):
+        time.sleep(0.5)
         text = urllib.request.urlopen(url, timeout=10).read().decode()
-        time.sleep(2)
-    assert "ray_packfeed_windows_packed_total" in text and "ray_packfeed_actor_packed_tokens_total" in text
+    assert all(name in text for name in counters), [name for name in counters if name not in text]
 
 
 def test_a_placement_no_node_satisfies_fails_at_once_naming_the_labels(cluster, tmp_path):

@@ -126,6 +126,18 @@ def _pack(inputs, out: Path, *extra: str) -> dict:
     return json.loads((out / ".packfeed" / "stats.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def packed_50(ray_cluster, corpus, tmp_path_factory) -> dict[int, tuple[Path, dict]]:
+    """Workers (1 or 2) -> (output, stats) of the corpus packed in windows of 50 samples, seed 0:
+    the clean runs the determinism, driver-write and dead-actor tests compare theirs with (read
+    only; packed once for the three)."""
+    inputs, _, _ = corpus
+    root = tmp_path_factory.mktemp("packed_50")
+    return {workers: (root / f"w{workers}", _pack(inputs, root / f"w{workers}", "--window-samples", "50",
+                                                  "--num-workers", str(workers)))
+            for workers in (1, 2)}
+
+
 def _expected_tokens(tok, record: dict) -> list[int]:
     if "messages" in record:
         ids = tok.apply_chat_template(record["messages"], tokenize=True)
@@ -183,50 +195,50 @@ def test_every_good_sample_exactly_once_with_exact_tokens_and_masks(ray_cluster,
     assert {ex["sample_id"] for ex in stats["skip_examples"]} <= set(bad)
 
 
-def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_cluster, corpus, tmp_path):
+def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_cluster, corpus, packed_50, tmp_path):
     inputs, good, _ = corpus
-    _pack(inputs, tmp_path / "a", "--window-samples", "50", "--num-workers", "1")
-    _pack(inputs, tmp_path / "b", "--window-samples", "50", "--num-workers", "2")
-    _pack(inputs, tmp_path / "c", "--window-samples", "50", "--num-workers", "2", "--seed", "1")
-    a, b, c = (read_packed_dir(tmp_path / name) for name in "abc")
+    dirs = {"a": packed_50[1][0], "b": packed_50[2][0], "c": tmp_path / "c"}
+    _pack(inputs, dirs["c"], "--window-samples", "50", "--num-workers", "2", "--seed", "1")
+    a, b, c = (read_packed_dir(dirs[name]) for name in "abc")
     for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
     assert np.array_equal(a.row_index, np.arange(a.num_rows)), "global row_index across the actors' part files"
     # the actors write the part files (one per window): the same bytes whatever the workers
-    parts = {name: sorted(p.name for p in (tmp_path / name).glob("part-*.parquet")) for name in "ab"}
+    parts = {name: sorted(p.name for p in dirs[name].glob("part-*.parquet")) for name in "ab"}
     assert len(parts["a"]) > 2 and parts["a"] == parts["b"]
     for part in parts["a"]:
-        assert (tmp_path / "a" / part).read_bytes() == (tmp_path / "b" / part).read_bytes(), part
+        assert (dirs["a"] / part).read_bytes() == (dirs["b"] / part).read_bytes(), part
     assert not np.array_equal(a.sample_ids, c.sample_ids), "another seed gives another order"
     assert sorted(a.sample_ids[a.sample_ids >= 0]) == sorted(c.sample_ids[c.sample_ids >= 0]) == sorted(good)
 
 
-def test_on_a_multi_node_cluster_the_driver_writes_a_local_output_with_the_same_rows(ray_cluster, corpus, tmp_path,
-                                                                                    monkeypatch):
+def test_on_a_multi_node_cluster_the_driver_writes_a_local_output_with_the_same_rows(ray_cluster, corpus, packed_50,
+                                                                                    tmp_path, monkeypatch):
     """A local --output of a multi-node cluster is the driver's disk: the rows come to it."""
     import packfeed.service.pipeline.pack as pack_module
 
     inputs, _, _ = corpus
-    _pack(inputs, tmp_path / "actors", "--window-samples", "50", "--num-workers", "2")
+    actors, _ = packed_50[2]  # written by the actors (one node: its disk is the driver's)
     monkeypatch.setattr(pack_module, "_actors_write", lambda output: False)
     stats = _pack(inputs, tmp_path / "driver", "--window-samples", "50", "--num-workers", "2")
-    a, b = read_packed_dir(tmp_path / "actors"), read_packed_dir(tmp_path / "driver")
+    a, b = read_packed_dir(actors), read_packed_dir(tmp_path / "driver")
     for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
     assert [p.name for p in (tmp_path / "driver").glob("part-*.parquet")] == ["part-00000.parquet"]
     assert stats["rows"] == a.num_rows and stats["epoch_rows"] == [a.num_rows]
 
 
-def test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same(ray_cluster, corpus, tmp_path, monkeypatch):
+def test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same(ray_cluster, corpus, packed_50, tmp_path,
+                                                                        monkeypatch):
     """Fault injection: the actor that starts window 2 dies (os._exit, as an OOM kill would end
     it); Ray Data restarts it and runs the window again. The output is the clean run's."""
     inputs, good, _ = corpus
-    clean = _pack(inputs, tmp_path / "clean", "--window-samples", "50", "--num-workers", "1")
+    clean_dir, clean = packed_50[1]
     monkeypatch.setenv(FAULTS_ENV, "packer-window:2:exit")
     monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))  # once: the restarted actor packs it
     crashed = _pack(inputs, tmp_path / "crashed", "--window-samples", "50", "--num-workers", "1")
     assert (tmp_path / "drill" / "packer-window-2-any.fired").exists(), "the actor did die at window 2"
-    a, b = read_packed_dir(tmp_path / "clean"), read_packed_dir(tmp_path / "crashed")
+    a, b = read_packed_dir(clean_dir), read_packed_dir(tmp_path / "crashed")
     for column in ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index"):
         assert np.array_equal(getattr(a, column), getattr(b, column)), column
     assert sorted(b.sample_ids[b.sample_ids >= 0]) == sorted(good)
