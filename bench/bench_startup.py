@@ -42,17 +42,25 @@ def write_prompt_completion(work: Path, tokens: int) -> Path:
 
 
 def pack(inputs: list[Path], tokenizer: str, seq_len: int, backend: str, out: Path,
-         window_samples: int | None) -> tuple[dict, float]:
-    """A fresh `packfeed pack` process: its stats.json and its wall seconds."""
+         window_samples: int | None) -> tuple[dict, float, float]:
+    """A fresh `packfeed pack` process: its stats.json, its wall seconds, and the seconds from
+    its summary's last line to its exit (Ray's shutdown and the process's end)."""
     cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", *map(str, inputs), "--tokenizer", tokenizer,
            "--seq-len", str(seq_len), "--tokenizer-backend", backend, "--output", str(out), "--overwrite",
            *(["--window-samples", str(window_samples)] if window_samples else [])]
-    start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"packfeed pack failed:\n{done.stderr[-3000:]}")
-    return json.loads((out / ".packfeed" / "stats.json").read_text()), wall
+    start, summary_at = time.perf_counter(), None
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        for line in proc.stdout:
+            if line.startswith("wrote "):
+                summary_at = time.perf_counter()
+        code = proc.wait()
+        end = time.perf_counter()
+        if code != 0 or summary_at is None:
+            err.seek(0)
+            raise RuntimeError(f"packfeed pack failed:\n{err.read().decode()[-3000:]}")
+    return json.loads((out / ".packfeed" / "stats.json").read_text()), end - start, end - summary_at
 
 
 def first_training_step(work: Path) -> dict:
@@ -97,13 +105,14 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
              f"{rate['fast'] / rate['hf']:.2f}", "1.00", "", "", ""]]  # fmt: skip
     phases = {}
     for backend in backends:
-        stats, wall = pack(inputs, tokenizer, seq_len, backend, work / f"out-{backend}", window_samples)
+        stats, wall, tail = pack(inputs, tokenizer, seq_len, backend, work / f"out-{backend}", window_samples)
         steady = (stats.get("steady_tokens_per_second") or 0) / cores
         whole = stats["tokens"] / wall / cores
         rows.append([f"packfeed pack, {backend}: steady per core", f"{steady:,.0f}", "", f"{steady / rate['hf']:.2f}",
                      f"{steady / rate['fast']:.2f}", f"{stats['first_row_seconds']:.2f}",
                      f"{stats['ray_to_first_row_seconds']:.2f}", f"{stats['ray_init_seconds']:.2f}"])  # fmt: skip
-        rows.append([f"packfeed pack, {backend}: whole run per core ({wall:.1f} s)", f"{whole:,.0f}", "",
+        rows.append([f"packfeed pack, {backend}: whole run per core ({wall:.1f} s, exit {tail:.2f} s after the summary)",
+                     f"{whole:,.0f}", "",
                      f"{whole / rate['hf']:.2f}", f"{whole / rate['fast']:.2f}", "", "", ""])  # fmt: skip
         phases[backend] = stats.get("startup_seconds", {})
     table(f"## {name}: {cores} cores; tokens/s", ["measure", "tokens/s", "", "x raw HF", "x raw quicktok",
