@@ -8,9 +8,10 @@
 
 While an embedded Ray starts (the checks in a thread: ``_check_while_ray_starts``): the plan
 (every input scanned, or its scan reused from the output's ``.packfeed/scan.npz``), the output
-location (over no input, ours or empty), the tokenizer, and a probe of every input's first rows (formats detected, a source
-with no valid sample refused); a check that fails shuts that Ray down before its error is
-raised. A cluster to join is joined before the plan (its nodes scan). A previous output is
+location (over no input, ours or empty), the tokenizer (snapshots.py: without transformers from
+the second run on), and a probe of every input's first rows (formats detected, a source with no
+valid sample refused), then Ray Data's import; a check that fails shuts that Ray down before its
+error is raised. A cluster to join is joined before the plan (its nodes scan). A previous output is
 removed (``overwrite``), and anything written to the output, only once all of them, Ray and the
 placement of the packing actors passed. The output may be a
 local directory or a URI (``s3://bucket/prefix``): packed/writer.py says how it is written. The
@@ -70,11 +71,13 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             given = [p for p in config.inputs if storage.is_remote(p) or os.path.isdir(p)]
             inputs = [f.path for s in plan.sources for f in s.files] + given
             prepare_output(output, inputs=inputs, overwrite=overwrite, clear=False)
-            tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+            tokenizer = load_tokenizer(config.tokenizer, snapshot=True, loss=config.loss, add_eos=config.add_eos,
                                        backend=config.tokenizer_backend)
             clock.mark("tokenizer_load")
             check_inputs(plan, tokenizer)
             clock.mark("probe")
+            _import_pipeline()
+            clock.mark("pipeline_imports")
             return plan, inputs, tokenizer
 
         if joined is None:
@@ -90,6 +93,17 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
 
         return _pack(config, plan, scaling, open_writer, tokenizer, clock, ray, output=output, validate=validate,
                      progress_seconds=progress_seconds)
+
+
+def _import_pipeline() -> None:
+    """Import what building the pipeline imports (Ray Data, ~0.4 s on this machine) in the
+    checks' thread, while an embedded Ray is still starting, not after it is up."""
+    import ray.data
+
+    import packfeed.service.pipeline.part_sink  # noqa: F401
+    import packfeed.service.pipeline.ray_pipeline  # noqa: F401
+
+    ray.data.DataContext.get_current()  # its first call imports Ray Data's issue detectors
 
 
 @dataclass(frozen=True)
