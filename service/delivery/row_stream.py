@@ -128,7 +128,7 @@ def open_stream(packed_or_plan: PackedDir | StreamPlan, config: DataConfig | Non
     if tokenizer is None:
         from packfeed.service.tokenize.samples import load_tokenizer
 
-        tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+        tokenizer = load_tokenizer(config.tokenizer, snapshot=True, loss=config.loss, add_eos=config.add_eos,
                                    backend=config.tokenizer_backend)
     return pipeline_stream(config, packed_or_plan, tokenizer, scaling or PackingScaling())
 

@@ -172,7 +172,7 @@ def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: s
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
     os.environ["RAYON_NUM_THREADS"] = "1"
-    tokenizer = load_tokenizer(config.tokenizer, loss=config.loss, add_eos=config.add_eos,
+    tokenizer = load_tokenizer(config.tokenizer, snapshot=True, loss=config.loss, add_eos=config.add_eos,
                                backend=config.tokenizer_backend)
     check_inputs(plan, tokenizer)
     if not joined:

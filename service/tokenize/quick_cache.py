@@ -10,7 +10,9 @@ wrong row, and ``load_fast`` then drops it and imports again. Entries are writte
 (a temporary directory renamed into place); a cache that cannot be written is skipped.
 
 Where: ``$PACKFEED_CACHE_DIR/quicktok``, else ``$XDG_CACHE_HOME/packfeed/quicktok``, else
-``~/.cache/packfeed/quicktok``; a few MB per tokenizer.
+``~/.cache/packfeed/quicktok``; a few MB per tokenizer. snapshots.py keeps the driver's loaded
+tokenizers beside them (``tokenizers/``) with the same entries (``keyed_entry``,
+``read_entry``, ``write_entry``).
 """
 
 from __future__ import annotations
@@ -25,21 +27,25 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 
-def cache_root() -> Path:
+def cache_root(kind: str = "quicktok") -> Path:
+    """Where entries of ``kind`` live (quicktok's files; snapshots.py's tokenizers)."""
     base = os.environ.get("PACKFEED_CACHE_DIR")
     if base:
-        return Path(base) / "quicktok"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packfeed" / "quicktok"
+        return Path(base) / kind
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packfeed" / kind
+
+
+def keyed_entry(kind: str, key: bytes) -> Path:
+    """The entry of ``kind`` for ``key`` (hashed: any length, any bytes)."""
+    return cache_root(kind) / hashlib.sha256(key).hexdigest()[:40]
 
 
 def entry(backend_json: str, version: str) -> Path:
-    key = hashlib.sha256(f"quicktok {version}\0".encode() + backend_json.encode()).hexdigest()
-    return cache_root() / key[:40]
+    return keyed_entry("quicktok", f"quicktok {version}\0".encode() + backend_json.encode())
 
 
-def load(backend_json: str, version: str) -> dict[str, bytes] | None:
-    """The files cached for this backend and quicktok version, or None."""
-    path = entry(backend_json, version)
+def read_entry(path: Path) -> dict[str, bytes] | None:
+    """An entry's files (name -> bytes), or None when it is absent, empty or unreadable."""
     try:
         files = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()}
     except OSError:
@@ -47,9 +53,8 @@ def load(backend_json: str, version: str) -> dict[str, bytes] | None:
     return files or None
 
 
-def store(backend_json: str, version: str, files: dict[str, bytes]) -> None:
-    """Keep ``files`` for this backend (best effort: a read-only or full disk skips it)."""
-    path = entry(backend_json, version)
+def write_entry(path: Path, files: dict[str, bytes]) -> None:
+    """Write ``files`` as the entry ``path``, whole (best effort: a read-only or full disk skips it)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -60,7 +65,17 @@ def store(backend_json: str, version: str, files: dict[str, bytes]) -> None:
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
     except OSError as e:
-        logger.debug("quicktok's files not cached in %s: %s", path.parent, e)
+        logger.debug("not cached in %s: %s", path.parent, e)
+
+
+def load(backend_json: str, version: str) -> dict[str, bytes] | None:
+    """The files cached for this backend and quicktok version, or None."""
+    return read_entry(entry(backend_json, version))
+
+
+def store(backend_json: str, version: str, files: dict[str, bytes]) -> None:
+    """Keep ``files`` for this backend."""
+    write_entry(entry(backend_json, version), files)
 
 
 def forget(backend_json: str, version: str) -> None:

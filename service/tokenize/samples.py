@@ -412,14 +412,26 @@ def looks_local(name: str) -> bool:
     return os.path.exists(name) or not _HUB_ID.fullmatch(name)
 
 
-def load_tokenizer(name_or_path: str, **kwargs: Any) -> SampleTokenizer:
+def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) -> SampleTokenizer:
     """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
     mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
-    directory, a corrupt tokenizer.json, a Hub id that cannot be loaded (not cached, no network)."""
-    if looks_local(name_or_path) and not os.path.isdir(name_or_path):
+    directory, a corrupt tokenizer.json, a Hub id that cannot be loaded (not cached, no network).
+
+    ``snapshot``: for a caller that packs with it and ships it (pack, serve), not one that
+    saves or decodes with it: a local directory whose files an earlier load saw unchanged
+    comes back from its snapshot (snapshots.py) as a ``ShippedTokenizer``, without
+    transformers; a first load keeps one."""
+    from packfeed.service.tokenize import snapshots
+
+    local = os.path.isdir(name_or_path)
+    if looks_local(name_or_path) and not local:
         what = "is a file" if os.path.exists(name_or_path) else "does not exist"
         raise ValueError(f"tokenizer {name_or_path!r} {what}: give the directory holding tokenizer.json "
                          "(e.g. service/assets/tokenizer) or a Hugging Face id")
+    key = snapshots.directory_key(name_or_path) if snapshot and local else None
+    kept = snapshots.load(name_or_path, key)
+    if kept is not None:
+        return SampleTokenizer(kept, **kwargs)
     try:
         from transformers import AutoTokenizer
 
@@ -430,4 +442,9 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> SampleTokenizer:
             f"tokenizer {name_or_path!r}: cannot load it ({type(e).__name__}: {detail}); give a directory with a "
             "valid tokenizer.json (and tokenizer_config.json), or a Hugging Face id already in the local cache"
         ) from None
-    return SampleTokenizer(tokenizer, **kwargs)
+    loaded = SampleTokenizer(tokenizer, **kwargs)
+    if key is not None:
+        from packfeed.service.tokenize.shipped import ShippedTokenizer
+
+        snapshots.store(key, ShippedTokenizer.of(tokenizer))
+    return loaded

@@ -18,6 +18,7 @@ only in an actor that meets a conversation.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from packfeed.service.tokenize.backend import FastProof
@@ -47,8 +48,12 @@ class ShippedTokenizer:
     def of(cls, tokenizer: Any, fast_proof: FastProof | None = None) -> ShippedTokenizer:
         """The snapshot of ``tokenizer`` (a loaded ``PreTrainedTokenizerFast``) and the proof
         of steps 1-3 run on its backend (``EncoderChoice.proof``)."""
-        if isinstance(tokenizer, ShippedTokenizer):
-            return tokenizer
+        if isinstance(tokenizer, ShippedTokenizer):  # the driver's own, from a snapshot (snapshots.py)
+            if fast_proof is None or fast_proof is tokenizer.fast_proof:
+                return tokenizer
+            shipped = copy.copy(tokenizer)
+            shipped.fast_proof = fast_proof
+            return shipped
         templates = {}
         for key, tools in ((_NO_TOOLS, None), (_TOOLS, [])):
             try:
@@ -66,6 +71,24 @@ class ShippedTokenizer:
             chat_templates=templates,
             fast_proof=fast_proof,
         )
+
+    def snapshot(self) -> tuple[dict, str]:
+        """What snapshots.py keeps of it (the proof is not kept: it is run again, cached by
+        quick_cache.py): its fields as JSON-able data, and the backend's JSON."""
+        fields = {"eos_token_id": self.eos_token_id, "pad_token_id": self.pad_token_id,
+                  "vocab_size": self.vocab_size, "special_tokens_map": self.special_tokens_map,
+                  "chat_template": self.chat_template, "chat_templates": self._chat_templates}
+        return fields, self.backend_json
+
+    @classmethod
+    def from_snapshot(cls, fields: dict, backend_json: str, name_or_path: str) -> ShippedTokenizer:
+        """``snapshot()``'s data back, named ``name_or_path`` (the directory as given now)."""
+        templates = {key: (fields["chat_templates"][key][0], fields["chat_templates"][key][1])
+                     for key in (_NO_TOOLS, _TOOLS)}
+        return cls(name_or_path=name_or_path, backend_json=backend_json, eos_token_id=fields["eos_token_id"],
+                   pad_token_id=fields["pad_token_id"], vocab_size=int(fields["vocab_size"]),
+                   special_tokens_map=dict(fields["special_tokens_map"]), chat_template=fields["chat_template"],
+                   chat_templates=templates, fast_proof=None)
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("_backend", "_full")}
