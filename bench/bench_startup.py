@@ -42,16 +42,17 @@ def write_prompt_completion(work: Path, tokens: int) -> Path:
 
 
 def pack(inputs: list[Path], tokenizer: str, seq_len: int, backend: str, out: Path,
-         window_samples: int | None) -> tuple[dict, float, float]:
-    """A fresh `packfeed pack` process: its stats.json, its wall seconds, and the seconds from
-    its summary's last line to its exit (Ray's shutdown and the process's end)."""
+         window_samples: int | None, cache: Path) -> tuple[dict, float, float]:
+    """A fresh `packfeed pack` process with packfeed's cache in ``cache``: its stats.json, its
+    wall seconds, and the seconds from its summary's last line to its exit (Ray's shutdown and
+    the process's end)."""
     cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", *map(str, inputs), "--tokenizer", tokenizer,
            "--seq-len", str(seq_len), "--tokenizer-backend", backend, "--output", str(out), "--overwrite",
            *(["--window-samples", str(window_samples)] if window_samples else [])]
     start, summary_at = time.perf_counter(), None
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "PACKFEED_CACHE_DIR": str(cache)})
         for line in proc.stdout:
             if line.startswith("wrote "):
                 summary_at = time.perf_counter()
@@ -104,8 +105,15 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
             [f"raw quicktok, 1 core ({' + '.join(f.stem for f in raw_files)})", f"{rate['fast']:,.0f}", "",
              f"{rate['fast'] / rate['hf']:.2f}", "1.00", "", "", ""]]  # fmt: skip
     phases = {}
-    for backend in backends:
-        stats, wall, tail = pack(inputs, tokenizer, seq_len, backend, work / f"out-{backend}", window_samples)
+    # the first command on this machine for this tokenizer: nothing cached (snapshots.py, quick_cache.py)
+    cache = work / f"cache-{len(list(work.glob('cache-*')))}"
+    cold, _, _ = pack(inputs, tokenizer, seq_len, backends[-1], work / "out-cold", window_samples, cache)
+    rows.append([f"packfeed pack, {backends[-1]}, first run (empty cache)", "", "", "", "",
+                 f"{cold['first_row_seconds']:.2f}", f"{cold['ray_to_first_row_seconds']:.2f}",
+                 f"{cold['ray_init_seconds']:.2f}"])
+    phases[f"{backends[-1]}, empty cache"] = cold.get("startup_seconds", {})
+    for backend in backends:  # the same tokenizer again: its snapshot and quicktok's files cached
+        stats, wall, tail = pack(inputs, tokenizer, seq_len, backend, work / f"out-{backend}", window_samples, cache)
         steady = (stats.get("steady_tokens_per_second") or 0) / cores
         whole = stats["tokens"] / wall / cores
         rows.append([f"packfeed pack, {backend}: steady per core", f"{steady:,.0f}", "", f"{steady / rate['hf']:.2f}",

@@ -29,7 +29,7 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.pipeline.window import process_window
 from packfeed.service.tokenize import quick_cache, snapshots
-from packfeed.service.tokenize.samples import SampleTokenizer, load_tokenizer
+from packfeed.service.tokenize.samples import load_tokenizer
 from packfeed.service.tokenize.shipped import ShippedTokenizer
 
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "pair_roles")
