@@ -193,17 +193,22 @@ class PackingPipeline:
             scaling = scaling.placed(node_resources())
         self.num_workers = scaling.num_actors(len(self.windows))
         max_workers = min(scaling.max_workers or 0, len(self.windows))  # never more actors than windows left
-        # An actor that writes waits in its call for the windows before its own (part_sink.py):
-        # one call at a time per actor, so windows start in the order Ray Data hands them out
-        # (several calls in flight may start in any order, and a window could wait on one
-        # queued behind it in the same actor).
-        in_flight = {"max_tasks_in_flight_per_actor": 1} if sink is not None else {}
+        # An actor that writes waits in its call for the windows before its own (part_sink.py),
+        # so its calls must run in the order Ray Data hands the windows out: Ray Data lets an
+        # actor run its queued calls out of order (a window could then wait on one queued
+        # behind it in the same actor: measured, a hang), packfeed asks for the order. Two
+        # calls queued per actor: the next window is there when one ends (with one, each
+        # actor idled ~0.09 s per window, Ray Data's loop noticing the end: longer than
+        # packing a window of 500k tokens).
+        in_flight = {"max_tasks_in_flight_per_actor": 2} if sink is not None else {}
         compute = (
             ray.data.ActorPoolStrategy(min_size=self.num_workers, max_size=max_workers, **in_flight)
             if max_workers > self.num_workers
             else ray.data.ActorPoolStrategy(size=self.num_workers, **in_flight)
         )
         remote_args = {"resources": dict(scaling.resources)} if scaling.resources else {}
+        if sink is not None:
+            remote_args["allow_out_of_order_execution"] = False
         if scaling.labels:
             remote_args["label_selector"] = dict(scaling.labels)
         self.dataset = ray.data.from_items(
