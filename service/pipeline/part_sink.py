@@ -15,11 +15,11 @@ The row ledger: a window's first global row is the sum of the rows of the window
 known only once they are packed. Each actor publishes, in Ray's GCS key-value store (no extra
 process: a lookup is one GCS request), the end row of every window it packed (``end/<k>`` =
 first row of k + its rows) and waits for ``end/<k-1>`` to number window k. Ray Data hands the
-windows out in stream order, and an actor that writes runs its calls in the order it got them
-(two queued, ``allow_out_of_order_execution=False``: Ray Data's default lets an actor start
-them in any order, and window k could wait on k-1 queued behind it: measured, a hang), so every
-window before a waiting one has started on some actor or is queued before it on its own: the
-wait always ends, and lasts about as long as the rest of a window started before its own. A
+windows out in stream order, and an actor that writes holds one call at a time
+(``max_tasks_in_flight_per_actor=1``: with several in flight an actor may start them in any
+order, and window k could wait on k-1 queued behind it: measured, a hang), so every window
+before a waiting one has started on some actor: the wait always ends, and lasts about as long
+as the rest of a window started before its own. A
 window a restarted actor packs again publishes the same value (the rows are deterministic).
 The keys carry the run's id and are deleted at the end (``RowLedger.close``).
 """
