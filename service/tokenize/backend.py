@@ -14,10 +14,12 @@ user can read:
    backend's JSON; quicktok refuses normalizers other than NFC, pre-tokenizer patterns it
    has no scanner for, and fails if its own stress suite differs from ``tokenizers``. Its
    files are cached on local disk by the backend's JSON (quick_cache.py): a tokenizer
-   imported once on a machine is not imported again (steps 1 and 3 still run).
-3. **Stress** (~0.3 s): ``STRESS`` texts plus each added token inside text, against HF:
+   imported once on a machine is not imported again.
+3. **Stress** (~0.3-0.7 s): ``STRESS`` texts plus each added token inside text, against HF:
    ids with and without the post-processor's tokens, and the token under EVERY character edge
-   for both edge rules the loss masks use. (Steps 1 and 3 are fast_checks.py.)
+   for both edge rules the loss masks use. (Steps 1 and 3 are fast_checks.py.) Its pass is
+   kept on local disk too, keyed by every input and packfeed's check code: the same
+   tokenizer, templates and code pass again without the comparison.
 
 ``tokenize.SampleTokenizer`` then runs step 4 on its first window (a sample of the real
 inputs through the whole tokenization, masks included, with both back-ends) before it trusts
@@ -240,7 +242,9 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = (),
     quicktok's imported files (name -> bytes: what ``encoder_from_files`` rebuilds the encoder
     from in another process, without steps 2-3); raises ``FastPathRefused``. Step 2 takes
     quicktok's files from the local cache when this backend was imported before (``cache``,
-    quick_cache.py); steps 1 and 3 run every time. Leaves no file behind but the cache's."""
+    quick_cache.py); step 3 passes at once when it passed before on the very same inputs and
+    code (``quick_cache.verdict_entry``); step 1 runs every time. Leaves no file behind but the
+    cache's."""
     started = time.perf_counter()
     try:
         import quicktok
@@ -260,7 +264,12 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = (),
     try:
         encoder = encoder_from_files(backend, files, threads=threads, spec=spec)
         probes = stress_texts(spec, texts)
-        checked = compare_encoders(encoder.reference, encoder, probes)
+        verdict = quick_cache.verdict_entry(text, version, files, probes)
+        checked = quick_cache.load_verdict(verdict)
+        stress = "passed before" if checked is not None else "run"
+        if checked is None:
+            checked = compare_encoders(encoder.reference, encoder, probes)
+            quick_cache.store_verdict(verdict, checked)
     except FastPathRefused:
         if not cached:
             raise
@@ -272,6 +281,7 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = (),
         "import": "cached" if cached else "imported",
         "import_seconds": round(imported - started, 3),
         "stress_texts": len(probes),
+        "stress": stress,
         **checked,
         "stress_seconds": round(time.perf_counter() - imported, 3),
     }, files
