@@ -264,7 +264,7 @@ def load_fast(backend: Any, *, threads: int = 1, texts: list[str] = (),
     try:
         encoder = encoder_from_files(backend, files, threads=threads, spec=spec)
         probes = stress_texts(spec, texts)
-        verdict = quick_cache.verdict_entry(text, version, files, probes)
+        verdict = quick_cache.verdict_entry(text, version, files, probes, threads)
         checked = quick_cache.load_verdict(verdict)
         stress = "passed before" if checked is not None else "run"
         if checked is None:

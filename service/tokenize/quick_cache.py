@@ -89,14 +89,16 @@ def store(backend_json: str, version: str, files: dict[str, bytes]) -> None:
 _CHECK_SOURCES = ("backend.py", "encoders.py", "fast_checks.py")
 
 
-def verdict_entry(backend_json: str, version: str, files: dict[str, bytes], texts: list[str]) -> Path | None:
+def verdict_entry(backend_json: str, version: str, files: dict[str, bytes], texts: list[str],
+                  threads: int = 1) -> Path | None:
     """The entry of a stress check (step 3) that passed on exactly these inputs: quicktok's and
     ``tokenizers``' versions, packfeed's encoder and check code, the backend's JSON, quicktok's
-    files and the stress texts (a chat template's rendered probes among them). The check is a
-    deterministic function of them, so its outcome is too. None: a version or source unreadable."""
+    files, the stress texts (a chat template's rendered probes among them) and the encoder's
+    threads. The check is a deterministic function of them, so its outcome is too. None: a
+    version or source unreadable."""
     from importlib import metadata
 
-    digest = hashlib.sha256(f"stress verdict 1\0quicktok {version}\0".encode())
+    digest = hashlib.sha256(f"stress verdict 1\0quicktok {version}\0threads {threads}\0".encode())
     try:
         digest.update(f"tokenizers {metadata.version('tokenizers')}\0".encode())
         for name in _CHECK_SOURCES:

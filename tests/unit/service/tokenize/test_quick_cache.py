@@ -136,7 +136,7 @@ def test_a_damaged_verdict_runs_the_check_again(imports, comparisons, damage):
     backend = small_bpe()
     _, _, files = load_fast(backend)
     entry = quick_cache.verdict_entry(backend.to_str(), quicktok.__version__, files,
-                                      stress_texts(backend_spec(backend)))
+                                      stress_texts(backend_spec(backend)), threads=1)
     (entry / "checked.json").write_bytes({"garbage": b"\xff{", "not a dict": b"[1, 2]", "emptied": b""}[damage])
     _, checks, _ = load_fast(backend)
     assert checks["stress"] == "run" and len(comparisons) == 2
@@ -153,6 +153,7 @@ def test_the_verdict_key_covers_every_input_and_the_check_code(monkeypatch):
         quick_cache.verdict_entry("{}", "1", {**files, "packfeed.vocab": b"abd"}, ["a", "b"]),
         quick_cache.verdict_entry("{}", "1", files, ["a", "c"]),
         quick_cache.verdict_entry("{}", "1", files, ["ab"]),
+        quick_cache.verdict_entry("{}", "1", files, ["a", "b"], threads=2),
     ]
     monkeypatch.setattr(quick_cache, "_CHECK_SOURCES", (*quick_cache._CHECK_SOURCES, "quick_cache.py"))
     others.append(quick_cache.verdict_entry("{}", "1", files, ["a", "b"]))  # other check code
