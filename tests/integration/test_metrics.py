@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -28,6 +29,14 @@ def total(samples: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in samples.items() if k.split("{")[0] == prefix)
 
 
+def scrape_until(port: int, done, seconds: float = 10.0) -> dict[str, float]:
+    """The first scrape for which ``done`` holds, or the last one after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done(scraped := scrape(port)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return scraped
+
+
 def test_metrics_move_with_the_stream_and_match_what_the_consumer_got(tmp_path):
     args = demo_args(extra=("--buffer-rows", "256", "--metrics-port", "0"))
     with ServerProcess(args, log=tmp_path / "serve.log", state_dir=tmp_path / "state", env={"RAY_ADDRESS": ""}) as server:
@@ -39,7 +48,9 @@ def test_metrics_move_with_the_stream_and_match_what_the_consumer_got(tmp_path):
             for batch in (next(it) for _ in range(20)):
                 rows, batches = rows + int((~batch.padding_rows).sum()), batches + 1
                 tokens += batch.rows.num_real_tokens
-            middle = scrape(port)
+            # the server counts a batch once gRPC has sent it and asks for the next: the consumer
+            # may hold batch 20 a moment before the server's thread gets there
+            middle = scrape_until(port, lambda m: m["packfeed_rows_served_total"] >= 160)
             for batch in it:
                 rows, batches = rows + int((~batch.padding_rows).sum()), batches + 1
                 tokens += batch.rows.num_real_tokens
