@@ -11,7 +11,7 @@ Off unless ``$PACKFEED_FAULTS`` is set. It lists faults, comma-separated, each
 
 | point | where it fires | default action |
 | --- | --- | --- |
-| ``packer-window:K`` | a packing actor, as it starts window K | ``raise`` |
+| ``packer-window:K`` | a packing actor (or ``pack``'s driver, head_start.py), as it starts window K | ``raise`` |
 | ``reader-window:K`` | the hub's reader (serve, train's feeder), after window K's rows, before K+1's | ``raise`` |
 | ``serve-row:R`` | ``packfeed serve``, once a batch holding row R was handed to gRPC | ``kill`` |
 | ``train-step:S`` | a train worker (``@RANK``: that rank only), after step S (and its checkpoint) | ``exit`` |

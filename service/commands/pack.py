@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--overwrite", action="store_true", help="replace a previous packfeed output in --output")
     out.add_argument("--validate", action="store_true", help="check every row against the row convention")
     out.add_argument("--progress-seconds", type=float, default=10.0, help="seconds between progress lines (no TTY)")
+    out.add_argument("--head-start", action=argparse.BooleanOptionalAction, default=True,
+                     help="the driver packs the first windows while an embedded Ray starts (default on; off: every "
+                          "window on the packing actors)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
     config = data_config_from_args(args, base)
     scaling = packing_from_args(args, base)
     run_pack(config, resolve_output(args.output), scaling=scaling, address=args.address, overwrite=args.overwrite,
-             validate=args.validate, progress_seconds=args.progress_seconds)
+             validate=args.validate, progress_seconds=args.progress_seconds, head_start=args.head_start)
     return 0

@@ -44,13 +44,15 @@ logger = logging.getLogger("packfeed")
 
 def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling = PackingScaling(),
              address: str | None = None, overwrite: bool = False, validate: bool = False,
-             progress_seconds: float = 10.0) -> dict[str, Any]:
+             progress_seconds: float = 10.0, head_start: bool = True) -> dict[str, Any]:
     """Pack ``config`` into ``output`` (an absolute path or a URI) with the packing actors
     ``scaling`` on the Ray at ``address`` (see ``init_ray``); returns the stats written to its
     stats.json. ``validate`` checks every row against the row convention; ``progress_seconds``:
-    seconds between progress lines (no TTY)."""
+    seconds between progress lines (no TTY); ``head_start``: the driver packs the first
+    windows while an embedded Ray starts (head_start.py)."""
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
+    from packfeed.service.pipeline.head_start import HeadStart
     from packfeed.service.packed.location import kept_scan
     from packfeed.service.packed.writer import ParquetRowWriter, prepare_output
     from packfeed.service.pipeline.startup import StartupClock
@@ -78,12 +80,19 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             clock.mark("probe")
             _import_pipeline()
             clock.mark("pipeline_imports")
-            return plan, inputs, tokenizer
+            return plan, inputs, tokenizer, tokenizer.ship()
 
+        def driver_packs(checked: tuple) -> HeadStart | None:
+            plan, _, _, shipped = checked
+            if not head_start:
+                return None
+            return HeadStart(config, plan, shipped, output=output, validate=validate, clock=clock)
+
+        head = None
         if joined is None:
-            (plan, inputs, tokenizer), ray = _check_while_ray_starts(check, address, clock)
+            (plan, inputs, tokenizer, shipped), ray, head = _check_while_ray_starts(check, address, clock, driver_packs)
         else:
-            (plan, inputs, tokenizer), ray = check(), RayTimes(time.perf_counter(), time.perf_counter(), joined)
+            (plan, inputs, tokenizer, shipped), ray = check(), RayTimes(time.perf_counter(), time.perf_counter(), joined)
 
         def open_writer() -> ParquetRowWriter:
             writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
@@ -91,8 +100,13 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             publish_scan()
             return writer
 
-        return _pack(config, plan, scaling, open_writer, tokenizer, clock, ray, output=output, validate=validate,
-                     progress_seconds=progress_seconds)
+        try:
+            return _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray, head, output=output,
+                         validate=validate, progress_seconds=progress_seconds)
+        finally:
+            if head is not None:
+                head.abandon()  # a failed run: the driver packs and writes no more (a finished one: no-op)
+
 
 
 def _import_pipeline() -> None:
@@ -116,9 +130,11 @@ class RayTimes:
     seconds: float
 
 
-def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock) -> tuple[Any, RayTimes]:
+def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock,
+                            then: Callable[[Any], Any] | None = None) -> tuple[Any, RayTimes, Any]:
     """``check()`` (plan, tokenizer, probe) in a thread while this thread starts the embedded
-    Ray (seconds of its processes' start-up, mostly waiting): its result and the Ray's times.
+    Ray (seconds of its processes' start-up, mostly waiting): its result, the Ray's times and
+    the driver's head start (``then(result)``, whose ``run`` the thread goes on with; None: none).
 
     Ray starts in the main thread: its processes get the kernel's parent-death signal when the
     thread that started them ends, and its driver shuts down slowly (measured: 10 s more) from
@@ -127,18 +143,24 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
     later than a check alone: the price of the overlap); a check's error comes before Ray's."""
     from packfeed.service.pipeline.raycluster import init_ray, ray_initialised, shutdown_ray
 
-    if ray_initialised():  # this process's own Ray (tests, Ray jobs)
+    if ray_initialised():  # this process's own Ray (tests, Ray jobs): no start to overlap
         result = check()
         logger.info(init_ray(address))
         now = time.perf_counter()
-        return result, RayTimes(now, now, 0.0)
+        return result, RayTimes(now, now, 0.0), None
     outcome: dict[str, Any] = {}
+    checked = threading.Event()
 
     def run() -> None:
         try:
             outcome["result"] = check()
+            outcome["head"] = then(outcome["result"]) if then is not None else None
         except BaseException as exc:  # raised in the main thread
             outcome["error"] = exc
+        finally:
+            checked.set()
+        if outcome.get("head") is not None:
+            outcome["head"].run()
 
     checking = threading.Thread(target=run, name="packfeed-checks", daemon=True)
     checking.start()
@@ -146,18 +168,20 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
     try:
         line = init_ray(address)
     except Exception:
-        checking.join()
+        checked.wait()
+        if outcome.get("head") is not None:
+            outcome["head"].abandon()
         if "error" in outcome:
             raise outcome["error"] from None  # the user's to fix first
         raise
     up = time.perf_counter()
     logger.info(line)
-    checking.join()
+    checked.wait()
     if "error" in outcome:
         shutdown_ray()
         raise outcome["error"]
     clock.mark("ray_start")
-    return outcome["result"], RayTimes(began, up, up - began)
+    return outcome["result"], RayTimes(began, up, up - began), outcome["head"]
 
 
 def _join_first(address: str | None, clock) -> float | None:
@@ -173,10 +197,11 @@ def _join_first(address: str | None, clock) -> float | None:
     return time.perf_counter() - start
 
 
-def _pack(config, plan, scaling, open_writer, tokenizer, clock, ray: RayTimes, *, output, validate,
+def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: RayTimes, head, *, output, validate,
           progress_seconds) -> dict[str, Any]:
     from packfeed.service.pipeline.part_sink import PartSink, RowLedger, part_name
-    from packfeed.service.pipeline.ray_pipeline import PackingPipeline
+    from packfeed.service.pipeline.head_start import DriverWindow
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, fold_window, new_run_stats
     from packfeed.service.pipeline.scaling import place_packing
     from packfeed.service.packed.location import META_DIR
     from packfeed.service.pipeline.stats import format_summary, run_failure
@@ -186,31 +211,51 @@ def _pack(config, plan, scaling, open_writer, tokenizer, clock, ray: RayTimes, *
     sink = None
     if _actors_write(output):
         sink = PartSink(output, seq_len=config.seq_len, config_hash=config.config_hash(),
-                        num_windows=plan.num_windows, ledger=RowLedger.new(), validate=validate)
-    pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows), sink=sink,
-                               tokenizer=tokenizer.ship())
+                        num_windows=plan.num_windows, ledger=RowLedger.new(), validate=validate,
+                        driver_claims=head is not None)
+    elif head is not None:  # not on an embedded Ray (one node): the pipeline packs every window
+        head.abandon()
+        head = None
+    start_window = head.hand_over(sink.ledger) if head is not None else 0  # the driver's: 0 .. start_window - 1
+    if start_window is None:  # the driver finishes sooner alone
+        start_window = plan.num_windows
+    total = new_run_stats(plan)
+    pipeline = None
+    if start_window < plan.num_windows:
+        pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows - start_window),
+                                   start_window=start_window, stats=total, sink=sink, tokenizer=shipped)
     # every check passed (inputs, tokenizer, probe, Ray, placement): only now may overwrite
     # remove the previous output
     writer = open_writer()
     if sink is not None:
-        writer.list_parts([part_name(k, plan.num_windows) for k in pipeline.windows])
+        writer.list_parts([part_name(k, plan.num_windows) for k in range(plan.num_windows)])
+    if head is not None:
+        head.release()
     clock.mark("pipeline")
-    if pipeline.num_workers > len(pipeline.windows):
+    num_workers = pipeline.num_workers if pipeline is not None else 0
+    if pipeline is not None and pipeline.num_workers > len(pipeline.windows):
         logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)
-    logger.info("packing %s samples (%d epoch(s)) in %d windows of %s on %d workers -> %s",
+    logger.info("packing %s samples (%d epoch(s)) in %d windows of %s %s -> %s",
                 f"{plan.samples_per_epoch * plan.epochs:,}", plan.epochs, plan.num_windows,
-                f"{plan.window_samples:,}", pipeline.num_workers, storage.display(writer.out_dir))
+                f"{plan.window_samples:,}", _packers(num_workers, head is not None, start_window, plan.num_windows),
+                storage.display(writer.out_dir))
     progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
                         interval_s=progress_seconds)
-    rows_written = tokens = first_tokens = 0
-    first_row_at = first_row_wall = None
-    first_actor = None  # the start-up of the actor that wrote the first window
+    rows_written = tokens = samples_started = actors_first_tokens = driver_windows = 0
+    first_row_at = first_row_wall = actors_first_at = None
+    first_actor = None  # the start-up of the actor that wrote the first window (None: the driver did)
+    first_by_driver = False
     epoch_first_rows = []  # global row of each epoch's first window
     written = [] if sink is not None else None  # the part files the actors wrote, in stream order
     try:
-        for out in pipeline.iter_written() if sink is not None else _written_by_driver(pipeline, writer, validate):
-            if out.window == pipeline.windows[0]:
-                first_actor = out.timings
+        for out in _outputs(pipeline, head, start_window, writer if sink is None else None, validate):
+            by_driver = isinstance(out, DriverWindow)
+            if out.window == 0:
+                first_actor, first_by_driver = out.timings, by_driver
+            if by_driver:
+                fold_window(total, out.stats)
+                samples_started += int(plan.window_counts(out.window).sum())
+                driver_windows += 1
             if out.stats is not None and out.window % plan.windows_per_epoch == 0:  # a window's first output
                 epoch_first_rows.append(rows_written)
             if not out.num_rows:
@@ -219,28 +264,41 @@ def _pack(config, plan, scaling, open_writer, tokenizer, clock, ray: RayTimes, *
                 written.append(out.file)
             rows_written += out.num_rows
             tokens += out.tokens
+            if actors_first_at is None and not by_driver:  # the steady rate counts from here
+                actors_first_at, actors_first_tokens = time.perf_counter(), tokens
             if first_row_at is None:
-                first_row_at, first_row_wall, first_tokens = time.perf_counter(), time.time(), tokens
-            progress.update(samples=pipeline.samples_started, rows=rows_written, tokens=tokens)
+                first_row_at, first_row_wall = time.perf_counter(), time.time()
+                if getattr(out, "written_at", None):  # the driver's: written before the main thread saw it
+                    first_row_at -= max(0.0, first_row_wall - out.written_at)
+                    first_row_wall = min(first_row_wall, out.written_at)
+            progress.update(samples=samples_started + (pipeline.samples_started if pipeline else 0),
+                            rows=rows_written, tokens=tokens)
     except BaseException:
         writer.abandon()  # the run failed: nothing marks the output complete
+        if head is not None and head.error is not None:
+            raise head.error from None  # the pipeline's first window failed on it (or waited): the cause
         raise
     finally:
         if sink is not None:
             sink.ledger.close()
     progress.close()
     end = time.perf_counter()
-    total = pipeline.stats
+    if driver_windows:
+        logger.info("the driver packed %d of the %d windows while Ray and the packing actors started", driver_windows,
+                    plan.num_windows)
     total.check_accounting()
     total.check_complete(plan.num_windows, plan.epochs)
     stats = total.to_dict(seq_len=config.seq_len, seconds=end - start)
-    startup = clock.phases(first_actor, first_row_wall or time.time())
+    startup = clock.phases(first_actor, first_row_wall or time.time(),
+                           last="first_window_write_s" if first_by_driver else "actors_and_first_window_s")
     stats["first_row_seconds"] = round(sum(startup.values()), 3)
     stats["ray_to_first_row_seconds"] = round((first_row_at or end) - ray.up, 3)
     stats["startup_seconds"] = startup
-    stats["steady_tokens_per_second"] = _steady_rate(tokens - first_tokens, first_row_at, end, len(pipeline.windows))
+    stats["steady_tokens_per_second"] = _steady_rate(tokens - actors_first_tokens, actors_first_at, end,
+                                                     plan.num_windows - driver_windows)
     stats["ray_init_seconds"] = round(ray_init_seconds, 3)
-    stats["num_workers"] = pipeline.num_workers
+    stats["num_workers"] = num_workers
+    stats["driver_windows"] = driver_windows
     stats["epoch_rows"] = [b - a for a, b in zip(epoch_first_rows, epoch_first_rows[1:] + [rows_written])]
     failure = run_failure(stats, config.max_skip_fraction)
     meta = {
@@ -261,6 +319,35 @@ def _pack(config, plan, scaling, open_writer, tokenizer, clock, ray: RayTimes, *
     print(f"wrote {stats['rows']:,} rows in {writer.num_files} file(s) to {storage.display(writer.out_dir)} "
           f"(metadata in {META_DIR}/)")
     return stats
+
+
+def _outputs(pipeline, head, start_window: int, writer, validate: bool):
+    """Every window's output in stream order: the driver's (``head``: the windows before
+    ``start_window``, and those it claimed after, which the pipeline gives back as the
+    driver's), the actors'. The actors write their part files (``writer`` None) or give the
+    driver the rows to write. The pipeline is started first: its actors start while the
+    driver packs and writes."""
+    if pipeline is None:
+        for k in range(start_window):
+            yield head.window(k)
+        return
+    stream = pipeline.iter_written() if writer is None else _written_by_driver(pipeline, writer, validate)
+    first = next(stream, None)  # the actors start now
+    for k in range(start_window):
+        yield head.window(k)
+    for out in [first] if first is not None else []:
+        yield head.window(out.window) if out.stats is None else out
+    for out in stream:
+        yield head.window(out.window) if out.stats is None else out
+
+
+def _packers(num_workers: int, head_start: bool, start_window: int, num_windows: int) -> str:
+    """Who packs: "on 2 workers", "on 2 workers and the driver (3 windows so far)"."""
+    if start_window == num_windows:
+        return "on the driver (sooner than starting packing actors)"
+    if not head_start:
+        return f"on {num_workers} workers"
+    return f"on {num_workers} workers and the driver ({start_window} window(s) while Ray started)"
 
 
 def _actors_write(output: str) -> bool:
@@ -289,8 +376,9 @@ def _written_by_driver(pipeline, writer, validate: bool):
 
 
 def _steady_rate(tokens: int, first_row_at: float | None, end: float, windows: int) -> float | None:
-    """Tokens/s once rows flow: the tokens after the first block over the time after it
-    (start-up excluded); None when one window made the whole run."""
+    """Tokens/s once the packing actors' rows flow: the tokens after their first window over
+    the time after it (start-up excluded; the driver's head start too); None when they packed
+    one window or none."""
     if first_row_at is None or windows < 2 or end <= first_row_at:
         return None
     return tokens / (end - first_row_at)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from packfeed.client.rows import PackedRows, renumber_rows
 
 _NAMESPACE = "packfeed-row-ledger"
+_FAILED = "failed: "  # a window's end key when its packer failed (``RowLedger.fail``)
 _POLL_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02)  # then 0.02 s between looks
 
 
@@ -60,13 +61,36 @@ class RowLedger:
     def number(self, window: int, num_rows: int, *, timeout_s: float = 3600.0) -> int:
         """The first global row of ``window`` (of ``num_rows`` rows), once every window before
         it has been numbered; publishes where ``window`` ends for the next."""
-        from ray.experimental import internal_kv
 
         first = self.first_row
         if window > self.first_window:
             first = self._wait_for(self._key(window - 1), timeout_s)
-        internal_kv._internal_kv_put(self._key(window), str(first + num_rows), namespace=_NAMESPACE)
+        self.publish(window, first + num_rows)
         return first
+
+    def claim(self, window: int, who: str) -> bool:
+        """Whether ``who`` ("driver" or "actors") packs ``window``: the first to claim it does
+        (head_start.py); the actors' claim holds for every actor (a retried window)."""
+        from ray.experimental import internal_kv
+
+        key = f"{self.run_id}/claim/{window}"
+        if not internal_kv._internal_kv_put(key, who, overwrite=False, namespace=_NAMESPACE):
+            return True  # no one had
+        return internal_kv._internal_kv_get(key, namespace=_NAMESPACE) == who.encode()
+
+    def publish(self, window: int, end_row: int) -> None:
+        """Say that ``window`` ends at global row ``end_row`` (the driver, for the last window
+        it packed itself: head_start.py)."""
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(self._key(window), str(end_row), namespace=_NAMESPACE)
+
+    def fail(self, window: int, why: str) -> None:
+        """Say that ``window`` will never be numbered (its packer failed with ``why``): the
+        window after it stops waiting, with an error naming it."""
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(self._key(window), _FAILED + why, namespace=_NAMESPACE)
 
     def _wait_for(self, key: str, timeout_s: float) -> int:
         from ray.experimental import internal_kv
@@ -77,6 +101,8 @@ class RowLedger:
                 raise TimeoutError(f"packing: the window before {key} was not numbered in {timeout_s:g} s")
             time.sleep(_POLL_SECONDS[min(look, len(_POLL_SECONDS) - 1)])
             look += 1
+        if value.startswith(_FAILED.encode()):
+            raise RuntimeError(f"packing: the window before {key} failed: {value[len(_FAILED):].decode()}")
         return int(value)
 
     def _key(self, window: int) -> str:
@@ -104,6 +130,7 @@ class PartSink:
     num_windows: int
     ledger: RowLedger
     validate: bool = False
+    driver_claims: bool = False  # the driver packs windows too: an actor claims each (head_start.py)
 
     def write(self, window: int, rows: PackedRows) -> tuple[str | None, int]:
         """Number ``rows`` (window-local) globally and write them to the window's part file:

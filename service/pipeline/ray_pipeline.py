@@ -68,17 +68,11 @@ class WindowActor:
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
-        from packfeed.service.tokenize.samples import SampleTokenizer
+        from packfeed.service.pipeline.window import window_tokenizers
 
         self.timings["imports_done"] = time.time()
         self.config, self.plan, self.sink = config, plan, sink
-        common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend,
-                      num_threads=threads)
-        first = SampleTokenizer(config.tokenizer if tokenizer is None else tokenizer, loss=plan.sources[0].loss,
-                                **common)
-        self.tokenizers = {plan.sources[0].loss: first}
-        for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
-            self.tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, **common)
+        self.tokenizers = window_tokenizers(config, plan, config.tokenizer if tokenizer is None else tokenizer, threads)
         self.timings["tokenizer_done"] = time.time()
         from packfeed.service.metrics import WindowMetrics
 
@@ -91,6 +85,9 @@ class WindowActor:
         tables = []
         for k in batch["window"]:
             called = time.time()
+            if self.sink is not None and self.sink.driver_claims and not self.sink.ledger.claim(int(k), "actors"):
+                tables.append(written_table(int(k), None, None, None, self._take_timings()))  # the driver's
+                continue
             faults.point("packer-window", int(k))
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
             self.metrics.record(stats, self.source_names)
@@ -99,11 +96,17 @@ class WindowActor:
                 continue
             packed = time.time()
             name, _ = self.sink.write(int(k), rows)
-            timings, self.timings = self.timings, None  # the actor's start-up: said with its first window
+            timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
             tables.append(written_table(int(k), rows, name, stats, timings))
         return pa.concat_tables(tables)
+
+
+    def _take_timings(self) -> dict[str, float] | None:
+        """The actor's start-up, said with its first window only."""
+        timings, self.timings = self.timings, None
+        return timings
 
 
 def _process_created() -> float:
@@ -113,13 +116,14 @@ def _process_created() -> float:
     return psutil.Process().create_time()
 
 
-def written_table(window: int, rows: PackedRows, file: str | None, stats: WindowStats,
+def written_table(window: int, rows: PackedRows | None, file: str | None, stats: WindowStats | None,
                   timings: dict[str, float] | None) -> pa.Table:
-    """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens."""
+    """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens
+    (``rows`` and ``stats`` None: the driver packed that window, head_start.py)."""
     return pa.table({
-        "window": pa.array([window], pa.int64()), "rows": pa.array([rows.num_rows], pa.int64()),
-        "tokens": pa.array([rows.num_real_tokens], pa.int64()), "file": pa.array([file], pa.string()),
-        "stats": pa.array([stats.to_json()], pa.string()),
+        "window": pa.array([window], pa.int64()), "rows": pa.array([rows.num_rows if rows else 0], pa.int64()),
+        "tokens": pa.array([rows.num_real_tokens if rows else 0], pa.int64()), "file": pa.array([file], pa.string()),
+        "stats": pa.array([None if stats is None else stats.to_json()], pa.string()),
         "timings": pa.array([None if timings is None else json.dumps(timings)], pa.string()),
     })  # fmt: skip
 
@@ -140,13 +144,14 @@ def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
 @dataclass
 class WrittenWindow:
     """One window a packing actor wrote to ``file`` (None: it has no row); ``timings``: the
-    writing actor's start-up (wall clock), on its first window only."""
+    writing actor's start-up (wall clock), on its first window only. ``stats`` None: the
+    driver packed it (head_start.py), not an actor."""
 
     window: int
     num_rows: int
     tokens: int
     file: str | None
-    stats: WindowStats
+    stats: WindowStats | None
     timings: dict[str, float] | None
 
 
@@ -247,16 +252,23 @@ class PackingPipeline:
         with stopping_block_prefetchers():
             for table in self.dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in table.to_pylist():
-                    stats = WindowStats.from_json(row["stats"])
-                    self._fold(stats)
+                    stats = None if row["stats"] is None else WindowStats.from_json(row["stats"])
+                    if stats is not None:  # else the driver's window: its stats come with it
+                        self._fold(stats)
                     timings = json.loads(row["timings"]) if row["timings"] is not None else None
                     yield WrittenWindow(row["window"], row["rows"], row["tokens"], row["file"], stats, timings)
 
     def _fold(self, stats: WindowStats) -> None:
-        said = len(self.stats.tokenizer_checks)
-        self.stats.add(stats)
-        log_choices(self.stats.tokenizer_checks, said)
+        fold_window(self.stats, stats)
         self.samples_started += int(self.plan.window_counts(stats.window).sum())
+
+
+def fold_window(run: RunStats, stats: WindowStats) -> None:
+    """A window's accounting into the run's; the tokenizer back-end choices it brings that
+    were not said yet, logged."""
+    said = len(run.tokenizer_checks)
+    run.add(stats)
+    log_choices(run.tokenizer_checks, said)
 
 
 def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:

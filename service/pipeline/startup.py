@@ -1,7 +1,8 @@
 """Where the seconds before a run's first row go: the start-up by phase (``packfeed pack``).
 
 The driver marks the end of each of its phases (plan, tokenizer, probe, Ray start, the
-pipeline built); the actor that packed the first window says, with it, when its process
+pipeline built; with a head start, head_start.py, its own first window packed: the last phase is
+then the driver's write of it); the actor that packed the first window says, with it, when its process
 started, when its imports and tokenizers were done, when the window's call began, when its
 rows were packed and when they were written (``WindowActor.timings``); the driver marks the
 first row's arrival. The phases are the gaps between these instants in that order, each
@@ -38,22 +39,23 @@ class StartupClock:
     def mark(self, phase: str) -> None:
         self.marks.append((phase, time.time()))
 
-    def phases(self, actor: dict[str, float] | None, first_row_at: float) -> dict[str, float]:
+    def phases(self, actor: dict[str, float] | None, first_row_at: float,
+               last: str = "actors_and_first_window_s") -> dict[str, float]:
         """The start-up by phase (module docstring), in seconds, rounded to the millisecond;
-        ``actor``: the first window's actor timings (None: not known, the actor's part and the
-        first window are one phase, ``actors_and_first_window_s``)."""
-        return startup_phases(self.start, self.marks, actor, first_row_at)
+        ``actor``: the first window's actor timings (None: not known, or the driver packed it:
+        the rest is one phase, ``last``)."""
+        return startup_phases(self.start, self.marks, actor, first_row_at, last)
 
 
 def startup_phases(start: float, marks: list[tuple[str, float]], actor: dict[str, Any] | None,
-                   first_row_at: float) -> dict[str, float]:
+                   first_row_at: float, last: str = "actors_and_first_window_s") -> dict[str, float]:
     """``StartupClock.phases`` as a pure function (``marks``: the driver's (phase, end))."""
-    ends = [(f"{name}_s", at) for name, at in marks]
+    ends = [(f"{name}_s", at) for name, at in sorted(marks, key=lambda mark: mark[1])]  # two threads mark
     if actor is not None and all(key in actor for key, _ in ACTOR_PHASES):
         ends += [(phase, float(actor[key])) for key, phase in ACTOR_PHASES]
         ends.append(("to_driver_s", first_row_at))
     else:
-        ends.append(("actors_and_first_window_s", first_row_at))
+        ends.append((last, first_row_at))
     phases, previous = {}, start
     for phase, at in ends:
         at = min(max(at, previous), first_row_at)

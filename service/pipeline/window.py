@@ -12,7 +12,7 @@ first, and a trainer should not see all long samples at once.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +26,18 @@ from packfeed.service.inputs.read import RawWindow, WindowSpec, read_window
 from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, WindowStats
 from packfeed.service import storage
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
+
+
+def window_tokenizers(config: DataConfig, plan: StreamPlan, tokenizer: Any, threads: int) -> dict[str, SampleTokenizer]:
+    """One SampleTokenizer per loss mode of the plan's sources (what ``process_window`` takes),
+    from ``tokenizer``: a name, a loaded tokenizer or the driver's ``ShippedTokenizer``;
+    ``threads``: the encoder's threads."""
+    common = dict(add_eos=config.add_eos, strict=config.strict, backend=config.tokenizer_backend, num_threads=threads)
+    first = SampleTokenizer(tokenizer, loss=plan.sources[0].loss, **common)
+    tokenizers = {plan.sources[0].loss: first}
+    for loss in {s.loss for s in plan.sources} - {plan.sources[0].loss}:
+        tokenizers[loss] = SampleTokenizer(first.tokenizer, loss=loss, **common)
+    return tokenizers
 
 
 def row_order(seed: int, window_index: int, num_rows: int) -> np.ndarray:

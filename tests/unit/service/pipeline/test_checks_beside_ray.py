@@ -40,10 +40,53 @@ def test_the_checks_run_beside_rays_start(monkeypatch, check_fails, ray_fails, e
     monkeypatch.setattr(raycluster, "init_ray", fake_init)
     clock = StartupClock()
     if expected == "result":
-        result, ray = pack._check_while_ray_starts(check, None, clock)
-        assert result == "result" and ray.up >= ray.began and ray.seconds >= 0.05
+        result, ray, head = pack._check_while_ray_starts(check, None, clock)
+        assert result == "result" and head is None and ray.up >= ray.began and ray.seconds >= 0.05
         assert [name for name, _ in clock.marks] == ["ray_start"] and events == ["ray up"]
         return
     with pytest.raises(expected):
         pack._check_while_ray_starts(check, None, clock)
     assert events == (["ray up", "shutdown"] if not ray_fails else [])
+
+
+class StandInHead:
+    """What ``then`` gives: ``run`` goes on in the checks' thread (here: until abandoned)."""
+
+    def __init__(self, checked) -> None:
+        self.checked, self.abandoned, self.ran = checked, threading.Event(), threading.Event()
+
+    def run(self) -> None:
+        self.ran.set()
+        self.abandoned.wait(5)
+
+    def abandon(self) -> None:
+        self.abandoned.set()
+
+
+@pytest.mark.parametrize("ray_fails", [False, True], ids=["ray-up", "ray-fails"])
+def test_the_head_start_goes_on_in_the_checks_thread_and_is_abandoned_when_ray_fails(monkeypatch, ray_fails):
+    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
+    monkeypatch.setattr(raycluster, "shutdown_ray", lambda: None)
+    heads, made = [], threading.Event()
+
+    def fake_init(address):
+        assert made.wait(5) and heads[0].ran.wait(5), "the head start runs while Ray is starting"
+        if ray_fails:
+            raise ConnectionError("no Ray")
+        return "Ray: started"
+
+    def then(checked):
+        heads.append(StandInHead(checked))
+        made.set()
+        return heads[0]
+
+    monkeypatch.setattr(raycluster, "init_ray", fake_init)
+    if ray_fails:
+        with pytest.raises(ConnectionError):
+            pack._check_while_ray_starts(lambda: "result", None, StartupClock(), then)
+        assert heads[0].abandoned.is_set(), "a failed start leaves no driver packing"
+        return
+    result, _, head = pack._check_while_ray_starts(lambda: "result", None, StartupClock(), then)
+    assert result == "result" and head is heads[0] and head.checked == "result"
+    assert not head.abandoned.is_set(), "Ray up: the head start goes on (the run hands over to the pipeline)"
+    head.abandon()

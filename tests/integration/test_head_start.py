@@ -1,0 +1,139 @@
+"""`packfeed pack`'s head start (pipeline/head_start.py), each run a fresh process with its own
+embedded Ray: the driver packs windows while Ray and the packing actors start, and the output
+is the actors' own, file for file.
+
+* a small run: the driver packs every window and no actor starts;
+* a run the driver and the actors share (the driver slowed down, so that the actors take over):
+  each window packed once, by one of them, the same files;
+* a window that fails on the driver fails the run with its own error, before or after Ray is
+  up, and no actor waits for the window the driver did not pack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
+from packfeed.service.faults import FAULTS_ENV
+
+pytestmark = pytest.mark.integration
+
+# the bundled corpus in 30 windows, two epochs: 60 windows
+FLAGS = ["--tokenizer", demo_tokenizer_path(), "--seq-len", "512", "--window-samples", "256", "--epochs", "2"]
+TIMING = ("seconds", "tokens_per_second", "first_row_seconds", "ray_to_first_row_seconds", "startup_seconds",
+          "steady_tokens_per_second", "ray_init_seconds", "num_workers", "driver_windows", "tokenizer_backend")
+
+# The CLI in a process whose driver packs slowly (the actors' processes are not slowed): the
+# pipeline always starts (no estimate), and the driver's windows wait for Ray to be up, then
+# ``DRIVER_WINDOW_S`` seconds more: at the hand-over the driver is in window 0, and every later
+# window of its own it claims against the actors.
+SLOW_DRIVER = textwrap.dedent("""
+    import os, sys, time
+    import ray
+    from packfeed.service.pipeline import head_start, window
+    from packfeed.service.cli import main
+
+    head_start.ACTORS_START_S = 0.0
+    pack_window, seconds = window.process_window, float(os.environ["DRIVER_WINDOW_S"])
+
+    def slow(spec, *args, **kwargs):
+        deadline = time.monotonic() + 60
+        while not ray.is_initialized() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(seconds)
+        return pack_window(spec, *args, **kwargs)
+
+    window.process_window = slow
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def pack(out: Path, *extra: str, script: str | None = None, env: dict | None = None,
+         timeout: float = 300) -> subprocess.CompletedProcess:
+    command = ["-c", script] if script else ["-m", "packfeed.service.cli"]
+    return subprocess.run([sys.executable, *command, "pack", *demo_corpus_paths(), *FLAGS, "--output", str(out),
+                           *extra], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def stats_of(out: Path) -> dict:
+    return json.loads((out / ".packfeed" / "stats.json").read_text())
+
+
+def parts(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("part-*.parquet"))}
+
+
+def assert_same_output(out: Path, reference: Path) -> None:
+    ours, theirs = parts(out), parts(reference)
+    assert list(ours) == list(theirs), "the same part files"
+    different = [name for name in ours if ours[name] != theirs[name]]
+    assert not different, f"part files differ from the actors' own: {different}"
+    ours, theirs = stats_of(out), stats_of(reference)
+    assert {k: v for k, v in ours.items() if k not in TIMING} == {k: v for k, v in theirs.items() if k not in TIMING}
+    # the back-end that packed each window (the checks are each packer's own: times, caches)
+    assert ours["tokenizer_backend"]["windows"] == theirs["tokenizer_backend"]["windows"]
+
+
+@pytest.fixture(scope="module")
+def actors_only(tmp_path_factory) -> Path:
+    """The run on the packing actors alone (--no-head-start): the output to equal."""
+    out = tmp_path_factory.mktemp("head_start") / "actors"
+    proc = pack(out, "--no-head-start")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = stats_of(out)
+    assert stats["driver_windows"] == 0 and stats["num_workers"] >= 1 and stats["windows"] == 60
+    return out
+
+
+def test_a_small_run_is_packed_by_the_driver_alone_into_the_actors_files(actors_only, tmp_path):
+    proc = pack(tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = stats_of(tmp_path / "out")
+    assert stats["driver_windows"] == stats["windows"] == 60 and stats["num_workers"] == 0
+    assert "on the driver (sooner than starting packing actors)" in proc.stderr
+    assert "MapWorker" not in proc.stderr, "no packing actor started"
+    assert stats["ray_to_first_row_seconds"] < 1.0, "the first rows were packed before Ray was up"
+    assert_same_output(tmp_path / "out", actors_only)
+
+
+def test_the_driver_and_the_actors_share_a_run_and_write_the_same_files(actors_only, tmp_path):
+    proc = pack(tmp_path / "out", "--progress-seconds", "1", script=SLOW_DRIVER, env={**_env(), "DRIVER_WINDOW_S": "0.3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = stats_of(tmp_path / "out")
+    assert 0 < stats["driver_windows"] < stats["windows"] and stats["num_workers"] >= 1, \
+        (stats["driver_windows"], stats["num_workers"])
+    assert f"the driver packed {stats['driver_windows']} of the 60 windows" in proc.stderr
+    # progress lines as windows arrive (no TTY here: lines, not a bar)
+    assert re.search(r"packfeed pack: [\d,]+/15,000 samples \(\d+%\), [\d,]+ rows, .* tokens/s, efficiency", proc.stderr)
+    assert_same_output(tmp_path / "out", actors_only)
+
+
+@pytest.mark.parametrize("window, slow", [
+    pytest.param(2, None, id="before-ray-is-up"),
+    pytest.param(1, "0.5", id="after-the-hand-over"),
+])
+def test_a_window_that_fails_on_the_driver_fails_the_run_with_its_error(tmp_path, window, slow):
+    """``packer-window:K`` (raise) where the driver packs K. After the hand-over the actor of
+    window K + 1 waits for it in the row ledger: the driver's failure ends that wait."""
+    env = {**_env(), FAULTS_ENV: f"packer-window:{window}"}
+    if slow:
+        env["DRIVER_WINDOW_S"] = slow  # window 0 ends after Ray is up: window 1 is claimed in the ledger
+    began = time.monotonic()
+    proc = pack(tmp_path / "out", script=SLOW_DRIVER if slow else None, env=env, timeout=180)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"fault injected at packer-window:{window}" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - began < 120, "no actor waited for the driver's window"
+    assert not (tmp_path / "out" / ".packfeed" / "stats.json").exists(), "a failed run is not marked complete"
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ)
