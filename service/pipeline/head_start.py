@@ -71,7 +71,7 @@ class DriverWindow:
 
 class HeadStart:
     """Windows 0, 1, ... packed by the driver (module docstring): ``run`` in the checks'
-    thread, ``stop``, ``release`` and ``windows`` in the main thread."""
+    thread; ``hand_over``, ``release``, ``window`` and ``abandon`` in the main thread."""
 
     def __init__(self, config: DataConfig, plan: StreamPlan, tokenizer: Any, *, output: str, validate: bool = False,
                  max_held_tokens: int = MAX_HELD_TOKENS, clock: Any = None) -> None:
@@ -95,7 +95,7 @@ class HeadStart:
 
     # ---- the checks' thread ----------------------------------------------------------------
     def run(self) -> None:
-        """Pack windows until ``stop`` (or the last), then write what is held once released."""
+        """Pack windows until the last, an actor's claim or ``abandon``; write them once released."""
         try:
             from packfeed.service.pipeline.window import process_window, window_tokenizers
 
@@ -107,7 +107,7 @@ class HeadStart:
                 self._pack_seconds += time.perf_counter() - began
                 self._packed_window(k, rows, stats)
             self._write_when_released()
-        except BaseException as exc:  # said by the main thread (stop, windows)
+        except BaseException as exc:  # raised in the main thread (hand_over, window)
             self._failed(exc)
         finally:
             with self._cond:

@@ -10,14 +10,16 @@ While an embedded Ray starts (the checks in a thread: ``_check_while_ray_starts`
 (every input scanned, or its scan reused from the output's ``.packfeed/scan.npz``), the output
 location (over no input, ours or empty), the tokenizer (snapshots.py: without transformers from
 the second run on), and a probe of every input's first rows (formats detected, a source with no
-valid sample refused), then Ray Data's import; a check that fails shuts that Ray down before its
-error is raised. A cluster to join is joined before the plan (its nodes scan). A previous output is
-removed (``overwrite``), and anything written to the output, only once all of them, Ray and the
-placement of the packing actors passed. The output may be a
-local directory or a URI (``s3://bucket/prefix``): packed/writer.py says how it is written. The
-packing actors write the rows (one part file per window, numbered in stream order: the driver
-never holds a row), on a store or a Ray of one node (``_actors_write``: a local output of a
-multi-node cluster is the driver's disk, and the driver writes it); the driver lists the part files before they exist, sums the windows'
+valid sample refused), then Ray Data's import, or, with the driver's head start (head_start.py),
+the first windows packed by the driver (Ray Data is imported only if packing actors start); a
+check that fails shuts that Ray down before its error is raised. A cluster to join is joined
+before the plan (its nodes scan). A previous output is removed (``overwrite``), and anything
+written to the output, only once all of them, Ray and the placement of the packing actors
+passed. The output may be a local directory or a URI (``s3://bucket/prefix``): packed/writer.py
+says how it is written. The packing actors write the rows (one part file per window, numbered
+in stream order: the driver holds only the rows of its head start), on a store or a Ray of one
+node (``_actors_write``: a local output of a multi-node cluster is the driver's disk, and the
+driver writes it); the driver lists the part files before they exist, sums the windows'
 accounting and writes the metadata last. ``stats.json`` holds the start-up by phase
 (``startup_seconds``, startup.py), adding up to ``first_row_seconds``. The
 run ends with the packing report on stdout, and a ValueError, saying why, when nothing was
@@ -78,8 +80,9 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             clock.mark("tokenizer_load")
             check_inputs(plan, tokenizer)
             clock.mark("probe")
-            _import_pipeline()
-            clock.mark("pipeline_imports")
+            if not head_start or joined is not None:  # a head start packs now; Ray Data only if its actors start
+                _import_pipeline()
+                clock.mark("pipeline_imports")
             return plan, inputs, tokenizer, tokenizer.ship()
 
         def driver_packs(checked: tuple) -> HeadStart | None:
@@ -106,7 +109,6 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
         finally:
             if head is not None:
                 head.abandon()  # a failed run: the driver packs and writes no more (a finished one: no-op)
-
 
 
 def _import_pipeline() -> None:

@@ -231,7 +231,7 @@ def _choice_line(report: dict[str, Any]) -> str | None:
         return (f"tokenizer {report.get('tokenizer')!r}: the HF tokenizers back-end packs, the fast one was refused: "
                 f"{report.get('reason')}")
     if report.get("backend") == "fast":
-        return f"tokenizer {report.get('tokenizer')!r}: the fast back-end packs (identical rows, proven per actor)"
+        return f"tokenizer {report.get('tokenizer')!r}: the fast back-end packs (identical rows, proven by each packing process)"
     return None
 
 

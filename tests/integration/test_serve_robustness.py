@@ -342,7 +342,8 @@ def test_pack_under_sigterm_exits_143_and_leaves_no_process(tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "packfeed.service.cli", "pack", *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "512",
-             "--output", str(tmp_path / "out"), "--num-workers", "1", "--progress-seconds", "1"],
+             "--output", str(tmp_path / "out"), "--num-workers", "1", "--progress-seconds", "1",
+             "--no-head-start"],  # on the actors: long enough to be signalled mid-run (the driver alone takes 0.2 s)
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **ENV}, start_new_session=True,
         )
     watch = GroupWatch(proc.pid)

@@ -377,7 +377,7 @@ def test_a_runs_back_end_choices_are_logged_once_each(caplog):
             log_choices(checks, said)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["tokenizer 't': the HF tokenizers back-end packs, the fast one was refused: quicktok refused the "
-                     "import: x", "tokenizer 't': the fast back-end packs (identical rows, proven per actor)"]
+                     "import: x", "tokenizer 't': the fast back-end packs (identical rows, proven by each packing process)"]
 
 
 def test_a_refusal_at_load_is_said_by_the_driver_before_the_actors_report_it(caplog):

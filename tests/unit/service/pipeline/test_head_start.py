@@ -1,0 +1,166 @@
+"""The driver's head start without Ray (pipeline/head_start.py): the bundled corpus packed by
+``HeadStart.run`` in a thread, the row ledger a dictionary with RowLedger's claim rule (the first
+claim wins; the actors' holds for every actor). Checked: the files equal each window packed and
+written on its own, numbered from the rows before it; nothing is written before ``release``;
+the held rows stay under their bound; at the hand-over the driver keeps a prefix of the windows
+and stops at the first an actor claimed, publishing where its last one ends; its pace decides
+whether actors start; a failure is raised, and published for the actor that would wait on it.
+(The same with Ray and actors: tests/integration/test_head_start.py.)"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from packfeed.client.rows import renumber_rows
+from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
+from packfeed.service.data.config import DataConfig
+from packfeed.service.data.plan import build_plan
+from packfeed.service import faults
+from packfeed.service.faults import FAULTS_ENV, FaultInjected
+from packfeed.service.packed.writer import write_part
+from packfeed.service.pipeline.head_start import HeadStart
+from packfeed.service.pipeline.part_sink import part_name
+from packfeed.service.pipeline.window import process_window, window_tokenizers
+from packfeed.service.tokenize.samples import load_tokenizer
+
+
+class MemoryLedger:
+    """RowLedger's claim, publish and fail over a dictionary (what the GCS store holds)."""
+
+    def __init__(self, claimed_by_actors=()) -> None:
+        self.claims = {k: "actors" for k in claimed_by_actors}
+        self.ends: dict[int, int | str] = {}
+        self.lock = threading.Lock()
+
+    def claim(self, window: int, who: str) -> bool:
+        with self.lock:
+            return self.claims.setdefault(window, who) == who
+
+    def publish(self, window: int, end_row: int) -> None:
+        self.ends[window] = end_row
+
+    def fail(self, window: int, why: str) -> None:
+        self.ends[window] = "failed: " + why
+
+
+@pytest.fixture(scope="module")
+def setup():
+    config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,
+                                    window_samples=500)
+    plan = build_plan(config)
+    return config, plan, load_tokenizer(config.tokenizer, snapshot=True).ship()
+
+
+@pytest.fixture(scope="module")
+def expected(setup, tmp_path_factory):
+    """Every window packed and written on its own (what the actors write): file bytes by name,
+    and where each window ends."""
+    config, plan, shipped = setup
+    out = tmp_path_factory.mktemp("expected")
+    tokenizers = window_tokenizers(config, plan, shipped, threads=1)
+    files, ends, first = {}, [], 0
+    for k in range(plan.num_windows):
+        rows, _ = process_window(plan.window(k), tokenizers, config, plan)
+        write_part(str(out / part_name(k, plan.num_windows)), renumber_rows(rows, first), seq_len=config.seq_len,
+                   config_hash=config.config_hash())
+        first += rows.num_rows
+        ends.append(first)
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    return files, ends
+
+
+def start(setup, out, **kwargs) -> tuple[HeadStart, threading.Thread]:
+    config, plan, shipped = setup
+    head = HeadStart(config, plan, shipped, output=str(out), **kwargs)
+    thread = threading.Thread(target=head.run, daemon=True)
+    thread.start()
+    return head, thread
+
+
+def test_alone_the_driver_writes_every_window_as_the_actors_would_and_only_once_released(setup, expected, tmp_path):
+    _, plan, _ = setup
+    head, thread = start(setup, tmp_path)
+    with head._cond:
+        head._cond.wait_for(lambda: head._packed == plan.num_windows, 60)
+    assert not list(tmp_path.iterdir()), "nothing is written before every check passed"
+    assert head.hand_over(MemoryLedger(), actors_start_s=60.0) is None, "done sooner than actors could start"
+    head.release()
+    windows = [head.window(k) for k in range(plan.num_windows)]
+    thread.join(30)
+    files, ends = expected
+    assert {p.name: p.read_bytes() for p in sorted(tmp_path.iterdir())} == files
+    assert [w.window for w in windows] == list(range(plan.num_windows))
+    assert np.cumsum([w.num_rows for w in windows]).tolist() == ends
+    assert sum(w.stats.rows for w in windows) == ends[-1] and all(w.written_at > 0 for w in windows)
+
+
+def test_the_held_rows_stay_under_their_bound_until_released(setup, tmp_path):
+    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    with head._cond:  # one window is over the bound: the driver waits after it
+        assert head._cond.wait_for(lambda: head._packed == 1, 60)
+        assert not head._cond.wait_for(lambda: head._next > 1, 1.0), "it claimed a window past the bound"
+    head.release()
+    head.window(setup[1].num_windows - 1)  # the rest, written as they are packed
+    thread.join(30)
+
+
+@pytest.mark.parametrize("actors_from", [1, 3, 7])
+def test_after_the_hand_over_the_driver_keeps_a_prefix_and_publishes_its_end(setup, expected, tmp_path, actors_from):
+    """The actors claimed every window from ``actors_from`` on before the driver got there."""
+    _, plan, _ = setup
+    head, thread = start(setup, tmp_path, max_held_tokens=1)  # it waits after window 0: the hand-over finds it there
+    with head._cond:
+        assert head._cond.wait_for(lambda: head._packed == 1, 60)
+    ledger = MemoryLedger(claimed_by_actors=range(actors_from, plan.num_windows))
+    first_for_actors = head.hand_over(ledger, actors_start_s=0.0)
+    assert first_for_actors == 1, "window 0 was the driver's before Ray was up"
+    head.release()
+    thread.join(60)
+    files, ends = expected
+    assert head._packed == actors_from, "the driver stops at the first window an actor claimed"
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == [part_name(k, plan.num_windows) for k in range(actors_from)]
+    assert all((tmp_path / name).read_bytes() == files[name] for name in written)
+    assert ledger.ends[actors_from - 1] == ends[actors_from - 1], "the actor after it gets the driver's end"
+    assert {k for k, who in ledger.claims.items() if who == "driver"} == set(range(1, actors_from))
+
+
+def test_a_failure_before_the_hand_over_is_raised_there(setup, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULTS_ENV, "packer-window:1")
+    monkeypatch.setattr(faults, "_fired", set())  # a fault fires once per process
+    head, thread = start(setup, tmp_path)
+    thread.join(60)
+    with pytest.raises(FaultInjected, match="packer-window:1"):
+        head.hand_over(MemoryLedger())
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failure_after_the_hand_over_is_published_for_the_next_window(setup, tmp_path, monkeypatch):
+    _, plan, _ = setup
+    monkeypatch.setenv(FAULTS_ENV, "packer-window:2")
+    monkeypatch.setattr(faults, "_fired", set())
+    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    with head._cond:
+        assert head._cond.wait_for(lambda: head._packed == 1, 60)
+    ledger = MemoryLedger()
+    assert head.hand_over(ledger, actors_start_s=0.0) == 1
+    head.release()
+    thread.join(60)
+    assert isinstance(head.error, FaultInjected)
+    assert str(ledger.ends[2]).startswith("failed: the driver could not pack windows up to 2"), ledger.ends
+    head.window(1)  # written before the failure
+    with pytest.raises(FaultInjected):
+        head.window(2)
+    assert plan.num_windows > 3
+
+
+def test_abandoned_it_packs_and_writes_no_more(setup, tmp_path):
+    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    with head._cond:
+        assert head._cond.wait_for(lambda: head._packed == 1, 60)
+    head.abandon()
+    thread.join(30)
+    assert not thread.is_alive() and head._packed == 1 and not list(tmp_path.iterdir())
