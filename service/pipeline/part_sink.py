@@ -21,7 +21,10 @@ order, and window k could wait on k-1 queued behind it: measured, a hang), so ev
 before a waiting one has started on some actor: the wait always ends, and lasts about as long
 as the rest of a window started before its own. A
 window a restarted actor packs again publishes the same value (the rows are deterministic).
-The keys carry the run's id and are deleted at the end (``RowLedger.close``).
+When the driver packs windows too (its head start, head_start.py), each window is claimed
+there first (``RowLedger.claim``: the first claim wins), the driver publishes the end of each
+window it packed, and ``fail`` ends the wait on a window its packer could not pack. The keys
+carry the run's id and are deleted at the end (``RowLedger.close``).
 """
 
 from __future__ import annotations
@@ -61,7 +64,6 @@ class RowLedger:
     def number(self, window: int, num_rows: int, *, timeout_s: float = 3600.0) -> int:
         """The first global row of ``window`` (of ``num_rows`` rows), once every window before
         it has been numbered; publishes where ``window`` ends for the next."""
-
         first = self.first_row
         if window > self.first_window:
             first = self._wait_for(self._key(window - 1), timeout_s)
@@ -79,7 +81,7 @@ class RowLedger:
         return internal_kv._internal_kv_get(key, namespace=_NAMESPACE) == who.encode()
 
     def publish(self, window: int, end_row: int) -> None:
-        """Say that ``window`` ends at global row ``end_row`` (the driver, for the last window
+        """Say that ``window`` ends at global row ``end_row`` (also the driver, for the windows
         it packed itself: head_start.py)."""
         from ray.experimental import internal_kv
 

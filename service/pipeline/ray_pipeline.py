@@ -18,7 +18,9 @@ With a ``PartSink`` (``packfeed pack``) the actors write each window's rows to i
 part file themselves, in parallel (part_sink.py), and the stream carries one small row per
 window instead: ``window``, ``rows``, ``tokens``, ``file``, ``stats`` and, on an actor's first
 window, ``timings`` (when its process started, imported, loaded the tokenizer, packed and
-wrote: the start-up by phase). The driver touches no row.
+wrote: the start-up by phase). The driver touches no row. When the driver packs windows too
+(``pack``'s head start, head_start.py), an actor first claims each window in the row ledger and
+returns one it lost to the driver at once, as a row without stats.
 
 A window's accounting (``WindowStats`` as JSON) travels in the ``stats`` column of its first
 row; a window whose samples were all skipped sends one stats-only row (no tokens) instead,
@@ -101,7 +103,6 @@ class WindowActor:
                 timings.update(call_start=called, packed=packed, written=time.time())
             tables.append(written_table(int(k), rows, name, stats, timings))
         return pa.concat_tables(tables)
-
 
     def _take_timings(self) -> dict[str, float] | None:
         """The actor's start-up, said with its first window only."""
