@@ -18,7 +18,7 @@ With a ``PartSink`` (``packfeed pack``) the actors write each window's rows to i
 part file themselves, in parallel (part_sink.py), and the stream carries one small row per
 window instead: ``window``, ``rows``, ``tokens``, ``file``, ``stats`` and, on an actor's first
 window, ``timings`` (when its process started, imported, loaded the tokenizer, packed and
-wrote: the start-up by phase). The driver touches no row. When the driver packs windows too
+wrote: the start-up by phase). The driver touches no actor's row. When the driver packs windows too
 (``pack``'s head start, head_start.py), an actor first claims each window in the row ledger and
 returns one it lost to the driver at once, as a row without stats.
 
