@@ -332,8 +332,10 @@ def _time_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
         return [("seconds", f"{seconds:.2f}"), ("tokens/s", f"{overall:,.0f}")]
     ray = f", Ray start {stats['ray_init_seconds']:.2f}" if "ray_init_seconds" in stats else ""
     steady = stats.get("steady_tokens_per_second")
-    rate = (f"{steady:,.0f} steady, after the first row ({overall:,.0f} overall, start-up included)" if steady
-            else f"{overall:,.0f} overall, start-up included (one window: no steady rate)")
+    why = ("the driver packed every window: no actors' steady rate" if stats.get("driver_windows") == stats.get("windows")
+           else "the actors packed one window: no steady rate")
+    rate = (f"{steady:,.0f} steady, after the actors' first window ({overall:,.0f} overall, start-up included)"
+            if steady else f"{overall:,.0f} overall, start-up included ({why})")
     return [("seconds", f"{seconds:.2f} (start-up: first row at {stats['first_row_seconds']:.2f}{ray})"),
             ("tokens/s", rate)]
 

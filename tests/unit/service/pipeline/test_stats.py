@@ -140,12 +140,20 @@ def test_a_stats_json_with_epochs_from_0_reads_as_one_from_1():
 @pytest.mark.parametrize("timing, expected", [
     pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": 4_800_000.0},
                  ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
-                  "tokens/s                     4,800,000 steady, after the first row (254,545 overall, start-up included)"],
+                  "tokens/s                     4,800,000 steady, after the actors' first window (254,545 overall, "
+                  "start-up included)"],
                  id="steady-rate-first-start-up-beside"),
     pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": None},
                  ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
-                  "tokens/s                     254,545 overall, start-up included (one window: no steady rate)"],
+                  "tokens/s                     254,545 overall, start-up included (the actors packed one window: no "
+                  "steady rate)"],
                  id="one-window-no-steady-rate"),
+    pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": None,
+                  "driver_windows": 1},
+                 ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
+                  "tokens/s                     254,545 overall, start-up included (the driver packed every window: "
+                  "no actors' steady rate)"],
+                 id="the-driver-packed-every-window"),
     pytest.param({}, ["seconds                      11.00", "tokens/s                     254,545"],
                  id="older-stats-json-without-start-up"),
 ])  # fmt: skip
