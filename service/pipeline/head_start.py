@@ -214,7 +214,7 @@ class HeadStart:
             self._cond.notify_all()
 
     def abandon(self) -> None:
-        """The run failed before the output could be written: pack no more, write nothing."""
+        """The run failed (or ended): the driver claims, packs and writes no more."""
         with self._cond:
             self._abandoned = True
             self._cond.notify_all()
