@@ -13,9 +13,10 @@ tokenizer: transformers loads it, quicktok imports it), then two per back-end wi
 (the second run on: the tokenizer's snapshot and quicktok's files kept; embedded Ray, one
 actor per CPU), as a user runs it (the driver packs while Ray and the actors start) and with
 ``--no-head-start`` (every window on the actors): whole-run tokens/s per core and the HF /
-fast ratio of whole-run seconds, the actors' steady tokens/s per packing core, ``first_row_seconds`` (from the command's start),
-``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its
-stats.json (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
+fast ratio of whole-run seconds, the actors' steady tokens/s per packing core,
+``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
+goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
+(pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
 for 10 steps: seconds from the command's start to its first logged step, and the data wait of
 those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
 """
