@@ -29,6 +29,7 @@ of the samples read was bad (the directory is then marked failed).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -270,7 +271,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
                 actors_first_at, actors_first_tokens = time.perf_counter(), tokens
             if first_row_at is None:
                 first_row_at, first_row_wall = time.perf_counter(), time.time()
-                if getattr(out, "written_at", None):  # the driver's: written before the main thread saw it
+                if by_driver:  # written by the driver's thread before this one saw it
                     first_row_at -= max(0.0, first_row_wall - out.written_at)
                     first_row_wall = min(first_row_wall, out.written_at)
             progress.update(samples=samples_started + (pipeline.samples_started if pipeline else 0),
@@ -337,10 +338,9 @@ def _outputs(pipeline, head, start_window: int, writer, validate: bool):
     first = next(stream, None)  # the actors start now
     for k in range(start_window):
         yield head.window(k)
-    for out in [first] if first is not None else []:
-        yield head.window(out.window) if out.stats is None else out
-    for out in stream:
-        yield head.window(out.window) if out.stats is None else out
+    if first is not None:
+        for out in itertools.chain([first], stream):
+            yield head.window(out.window) if out.stats is None else out
 
 
 def _packers(num_workers: int, head_start: bool, start_window: int, num_windows: int) -> str:

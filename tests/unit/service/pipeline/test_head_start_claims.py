@@ -140,6 +140,7 @@ def test_a_failure_before_the_hand_over_is_raised_there(setup, tmp_path, monkeyp
 
 def test_a_failure_after_the_hand_over_is_published_for_the_next_window(setup, tmp_path, monkeypatch):
     _, plan, _ = setup
+    assert plan.num_windows > 3, "a window after the failed one, for an actor to wait on"
     monkeypatch.setenv(FAULTS_ENV, "packer-window:2")
     monkeypatch.setattr(faults, "_fired", set())
     head, thread = start(setup, tmp_path, max_held_tokens=1)
@@ -154,7 +155,6 @@ def test_a_failure_after_the_hand_over_is_published_for_the_next_window(setup, t
     head.window(1)  # written before the failure
     with pytest.raises(FaultInjected):
         head.window(2)
-    assert plan.num_windows > 3
 
 
 def test_abandoned_it_packs_and_writes_no_more(setup, tmp_path):
