@@ -41,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--validate", action="store_true", help="check every row against the row convention")
     out.add_argument("--progress-seconds", type=float, default=10.0, help="seconds between progress lines (no TTY)")
     out.add_argument("--head-start", action=argparse.BooleanOptionalAction, default=True,
-                     help="the driver packs the first windows while an embedded Ray starts (default on; off: every "
-                          "window on the packing actors)")
+                     help="the driver packs from the end of its checks, and an embedded Ray starts only if its "
+                          "packing actors would finish sooner (default on; off: Ray starts at once and every window "
+                          "is packed on the actors)")
 
 
 def run(args: argparse.Namespace) -> int:

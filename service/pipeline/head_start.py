@@ -1,36 +1,39 @@
-"""The driver's head start: ``packfeed pack`` packs the first windows itself while Ray and
-its packing actors start.
+"""The driver's head start: ``packfeed pack`` packs the first windows itself, and starts an
+embedded Ray and its packing actors only when they would finish sooner.
 
 ::
 
     checks' thread:  plan, tokenizer, probe | window 0, 1, .. s-1 | s, s+1, .. d-1 (claimed)
-    main thread:     Ray starting .......................| hand_over(ledger): s
-    packing actors:                                        starting ......... | d, d+1, ..
+    main thread:     wants_ray? ....... yes | Ray starting .........| hand_over(ledger): s
+    packing actors:                                                   starting ...... | d, ..
 
 An embedded Ray takes seconds to start and its packing actors seconds more (on 2 cores: Ray
 2.4-3 s, the actors 2-2.7 s), while the driver's checks end within about a second. From then
 on the checks' thread packs windows 0, 1, ... in order, with the same ``process_window`` and
 the same tokenizer the actors get (one encoder thread), numbering their rows itself (window
-k's first row is the sum of the rows before it). When Ray is up the main thread hands over:
-the pipeline gets the windows from ``s`` (the first the driver has not taken), and from then
-on the driver and the actors claim each window in the row ledger (``RowLedger.claim``: the
-first claim wins; an actor that loses one returns it at once as the driver's). The driver
-claims in order and stops at the first window an actor claimed: its windows are 0 .. d-1,
-the actors' d .. n-1, and the actor that packs window d waits in the ledger for where the
-driver's last one ends (``RowLedger.publish``; a window the driver failed to pack is
-published as failed, so no actor waits for it). When Ray is up and the driver, at its pace so
-far, would pack what is left before the actors could start (``ACTORS_START_S``), no actor is
-started: the driver packs every window.
+k's first row is the sum of the rows before it). The main thread asks ``wants_ray``: when the
+driver, at its pace, would pack every window before Ray and the actors could start
+(``RAY_START_S + ACTORS_START_S``), no Ray starts at all and the driver packs the run alone.
+Otherwise Ray starts, and when it is up the main thread hands over: the pipeline gets the
+windows from ``s`` (the first the driver has not taken), and from then on the driver and the
+actors claim each window in the row ledger (``RowLedger.claim``: the first claim wins; an
+actor that loses one returns it at once as the driver's). The driver claims in order and
+stops at the first window an actor claimed: its windows are 0 .. d-1, the actors' d .. n-1,
+and the actor that packs window d waits in the ledger for where the driver's last one ends
+(``RowLedger.publish``; a window the driver failed to pack is published as failed, so no
+actor waits for it). When Ray is up and the driver, at its pace so far, would pack what is
+left before the actors could start (``ACTORS_START_S``), no actor is started after all.
 
 The rows and files are the actors': the same function of (config, seed, window) and the same
 part file per window (``write_part``), byte for byte. Nothing is written before every check
-passed (Ray and the placement included, as without a head start): the driver holds what it
+passed (Ray and the placement included, when Ray starts): the driver holds what it
 packed until ``release`` (after the previous output is cleared), up to ``max_held_tokens``
 real tokens (then it waits), and writes it then. A fault drill ``packer-window:k`` fires here
 too when the driver packs window k.
 
-Off (``packfeed pack --no-head-start``, ``run_pack(head_start=False)``): every window on the
-packing actors, e.g. to drill a packing actor's failure at a given window.
+Off (``packfeed pack --no-head-start``, ``run_pack(head_start=False)``): Ray starts beside
+the checks and every window is packed on the actors, e.g. to drill a packing actor's failure
+at a given window.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ from packfeed.service.pipeline.stats import WindowStats
 # their first window on an idle driver (bench/bench_startup.py) and over 6 s while the driver
 # packed beside them (15M tokens: the driver took every window first, fast and HF back-ends).
 ACTORS_START_S = 6.0
+# Before Ray starts: an embedded Ray of 2 cores took 2.4-3 s to start (bench/bench_startup.py).
+# When the driver alone would pack every window within RAY_START_S + ACTORS_START_S, no Ray starts.
+RAY_START_S = 3.0
 MAX_HELD_TOKENS = 64_000_000  # ~0.8 GB of rows held while Ray starts, at most (12 bytes per token)
 
 
@@ -83,6 +89,7 @@ class HeadStart:
         self._packed = 0  # windows packed (0 .. _packed - 1)
         self._end_row = 0  # where window _packed - 1 ends
         self._pack_seconds = 0.0  # spent packing windows 0 .. _packed - 1
+        self._first_began: float | None = None  # when the driver began its first window
         self._ledger: RowLedger | None = None  # set at the hand-over: claims go through it
         self._lost = False  # an actor claimed the window the driver wanted next: it stops
         self._released = False
@@ -90,26 +97,38 @@ class HeadStart:
         self._held: list[tuple[int, PackedRows, WindowStats]] = []
         self._held_tokens = 0
         self._written: list[DriverWindow] = []
-        self._done = False
+        self._packing_ended = False  # the driver claims and packs no more windows
+        self._done = False  # ... and has written every window it packed (or failed, or was abandoned)
         self.error: BaseException | None = None
 
     # ---- the checks' thread ----------------------------------------------------------------
     def run(self) -> None:
-        """Pack windows until the last, an actor's claim or ``abandon``; write them once released."""
+        """Pack windows until the last, an actor's claim or ``abandon``; a second thread writes
+        them once released (Parquet's encoding and compression release the GIL: on a machine
+        with a core to spare, the writes overlap the next windows' packing)."""
+        writer = threading.Thread(target=self._write_released, name="packfeed-head-start-writer", daemon=True)
+        writer.start()
         try:
             from packfeed.service.pipeline.window import process_window, window_tokenizers
 
             tokenizers = window_tokenizers(self.config, self.plan, self.tokenizer, threads=1)
             while (k := self._claim()) is not None:
                 began = time.perf_counter()
+                if k == 0:
+                    with self._cond:
+                        self._first_began = began
+                        self._cond.notify_all()
                 faults.point("packer-window", k)
                 rows, stats = process_window(self.plan.window(k), tokenizers, self.config, self.plan)
                 self._pack_seconds += time.perf_counter() - began
                 self._packed_window(k, rows, stats)
-            self._write_when_released()
         except BaseException as exc:  # raised in the main thread (hand_over, window)
             self._failed(exc)
         finally:
+            with self._cond:
+                self._packing_ended = True
+                self._cond.notify_all()
+            writer.join()
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
@@ -120,7 +139,7 @@ class HeadStart:
         with self._cond:
             while not (self._ledger or self._released or self._abandoned) and self._held_tokens > self.max_held_tokens:
                 self._cond.wait()  # enough held: wait for the output, or for Ray
-            if self._abandoned or self._lost or self._next == self.plan.num_windows:
+            if self._abandoned or self._lost or self.error is not None or self._next == self.plan.num_windows:
                 return None
             k, ledger = self._next, self._ledger
             if ledger is None:  # before the hand-over every window is the driver's to take
@@ -149,32 +168,33 @@ class HeadStart:
             self._cond.notify_all()
         if ledger is not None:  # for the actor of window k + 1, if an actor packs it
             ledger.publish(k, end_row)
-        self._write_if_released()
 
-    def _write_if_released(self) -> None:
-        while True:
-            with self._cond:
-                if not self._released or self._abandoned or not self._held:
-                    return
-                k, rows, stats = self._held.pop(0)
-            name = None
-            if rows.num_rows:
-                from packfeed.service.packed.writer import write_part
+    def _write_released(self) -> None:
+        """The writer thread: each packed window in order, once released, until the packing
+        ended and nothing is left, or the run was abandoned. After a packing error the windows
+        packed before it are written if released already (as the actors' would be), else none."""
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._abandoned or (self._released and (self._held or self._packing_ended))
+                                        or (self._packing_ended and self.error is not None))
+                    if self._abandoned or not self._released or not self._held:
+                        return
+                    k, rows, stats = self._held.pop(0)
+                name = None
+                if rows.num_rows:
+                    from packfeed.service.packed.writer import write_part
 
-                name = part_name(k, self.plan.num_windows)
-                write_part(storage.join(self.output, name), rows, seq_len=self.config.seq_len,
-                           config_hash=self.config.config_hash())
-            with self._cond:
-                self._held_tokens -= rows.num_real_tokens
-                self._written.append(DriverWindow(k, rows.num_rows, rows.num_real_tokens, name, stats,
-                                                  written_at=time.time()))
-                self._cond.notify_all()
-
-    def _write_when_released(self) -> None:
-        with self._cond:
-            while not self._released and not self._abandoned:
-                self._cond.wait()
-        self._write_if_released()
+                    name = part_name(k, self.plan.num_windows)
+                    write_part(storage.join(self.output, name), rows, seq_len=self.config.seq_len,
+                               config_hash=self.config.config_hash())
+                with self._cond:
+                    self._held_tokens -= rows.num_real_tokens
+                    self._written.append(DriverWindow(k, rows.num_rows, rows.num_real_tokens, name, stats,
+                                                      written_at=time.time()))
+                    self._cond.notify_all()
+        except BaseException as exc:  # the packing stops; raised in the main thread
+            self._failed(exc)
 
     def _failed(self, exc: BaseException) -> None:
         with self._cond:
@@ -185,6 +205,30 @@ class HeadStart:
             ledger.fail(last, f"the driver could not pack windows up to {last}: {type(exc).__name__}: {exc}")
 
     # ---- the main thread -------------------------------------------------------------------
+    def wants_ray(self, budget_s: float | None = None) -> bool:
+        """Before any Ray: would packing actors finish sooner than the driver alone? True once
+        the windows left would take the driver longer than ``budget_s`` (default: Ray's start
+        and the actors', ``RAY_START_S + ACTORS_START_S``) at its pace: its windows' so far, or,
+        while its first window is packing, at least the time that window has taken for each
+        window after it. False when the driver would be done sooner, is done, or failed (its
+        error: ``self.error``). Waits until it knows (for a large run: a fraction of the first
+        window)."""
+        budget_s = RAY_START_S + ACTORS_START_S if budget_s is None else budget_s
+        n = self.plan.num_windows
+        with self._cond:
+            while True:
+                if self.error is not None or self._packing_ended:
+                    return False
+                if self._packed:
+                    return (n - self._packed) * self._pack_seconds / self._packed > budget_s
+                if self._first_began is None or n == 1:  # one window: the driver is packing it already
+                    self._cond.wait()
+                    continue
+                at_least = (n - 1) * (time.perf_counter() - self._first_began)  # the windows after the first
+                if at_least > budget_s:
+                    return True
+                self._cond.wait((budget_s - at_least) / (n - 1) + 0.005)
+
     def hand_over(self, ledger: RowLedger, actors_start_s: float = ACTORS_START_S) -> int | None:
         """Ray is up: the first window for the pipeline (every window before it is the
         driver's: packed, or being packed); from now on the driver claims windows in
@@ -194,7 +238,8 @@ class HeadStart:
         for up to a third of that, to know its pace). The driver's error, if it failed
         before, is raised here."""
         with self._cond:
-            self._cond.wait_for(lambda: self._packed or self.error is not None or self._done, actors_start_s / 3)
+            self._cond.wait_for(lambda: self._packed or self.error is not None or self._packing_ended,
+                                actors_start_s / 3)
             if self.error is not None:
                 raise self.error
             left = self.plan.num_windows - self._next

@@ -10,12 +10,14 @@ While an embedded Ray starts (the checks in a thread: ``_check_while_ray_starts`
 (every input scanned, or its scan reused from the output's ``.packfeed/scan.npz``), the output
 location (over no input, ours or empty), the tokenizer (snapshots.py: without transformers from
 the second run on), and a probe of every input's first rows (formats detected, a source with no
-valid sample refused), then Ray Data's import, or, with the driver's head start (head_start.py),
-the first windows packed by the driver (Ray Data is imported only if packing actors start); a
-check that fails shuts that Ray down before its error is raised. A cluster to join is joined
+valid sample refused), then Ray Data's import; a check that fails shuts that Ray down before
+its error is raised. With the driver's head start (head_start.py) the driver packs the first
+windows from the end of its checks, and an embedded Ray starts only after them, when its
+packing actors would finish sooner than the driver alone (no Ray for a small run; Ray Data is
+imported only if packing actors start). A cluster to join is joined
 before the plan (its nodes scan). A previous output is removed (``overwrite``), and anything
 written to the output, only once all of them, Ray and the placement of the packing actors
-passed. The output may be a local directory or a URI (``s3://bucket/prefix``): packed/writer.py
+(when Ray starts) passed. The output may be a local directory or a URI (``s3://bucket/prefix``): packed/writer.py
 says how it is written. The packing actors write the rows (one part file per window, numbered
 in stream order: the driver holds only the rows of its head start), on a store or a Ray of one
 node (``_actors_write``: a local output of a multi-node cluster is the driver's disk, and the
@@ -86,15 +88,14 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
                 clock.mark("pipeline_imports")
             return plan, inputs, tokenizer, tokenizer.ship()
 
-        def driver_packs(checked: tuple) -> HeadStart | None:
+        def driver_packs(checked: tuple) -> HeadStart:
             plan, _, _, shipped = checked
-            if not head_start:
-                return None
             return HeadStart(config, plan, shipped, output=output, validate=validate, clock=clock)
 
         head = None
         if joined is None:
-            (plan, inputs, tokenizer, shipped), ray, head = _check_while_ray_starts(check, address, clock, driver_packs)
+            (plan, inputs, tokenizer, shipped), ray, head = _check_while_ray_starts(
+                check, address, clock, driver_packs if head_start else None)
         else:
             (plan, inputs, tokenizer, shipped), ray = check(), RayTimes(time.perf_counter(), time.perf_counter(), joined)
 
@@ -125,11 +126,12 @@ def _import_pipeline() -> None:
 
 @dataclass(frozen=True)
 class RayTimes:
-    """When Ray's start began and ended (``time.perf_counter``), and its seconds (a cluster
-    joined before the plan: the join's; this process's own Ray: 0)."""
+    """When the run began (the checks and, beside them, Ray's start) and Ray was up
+    (``time.perf_counter``; None: no Ray started, the driver packs every window), and Ray's
+    start in seconds (a cluster joined before the plan: the join's; this process's own Ray: 0)."""
 
     began: float
-    up: float
+    up: float | None
     seconds: float
 
 
@@ -138,6 +140,12 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
     """``check()`` (plan, tokenizer, probe) in a thread while this thread starts the embedded
     Ray (seconds of its processes' start-up, mostly waiting): its result, the Ray's times and
     the driver's head start (``then(result)``, whose ``run`` the thread goes on with; None: none).
+
+    With a head start Ray starts only once the checks passed and the driver's first window
+    says packing actors would help (``HeadStart.wants_ray``): a run the driver packs sooner
+    alone starts no Ray at all (``RayTimes.up`` None), and a refused command answers at once.
+    A larger run starts its Ray that much later (the checks, ~1-1.5 s on 2 cores, and a part of
+    the first window) than it would beside the checks.
 
     Ray starts in the main thread: its processes get the kernel's parent-death signal when the
     thread that started them ends, and its driver shuts down slowly (measured: 10 s more) from
@@ -166,8 +174,19 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
             outcome["head"].run()
 
     checking = threading.Thread(target=run, name="packfeed-checks", daemon=True)
-    checking.start()
     began = time.perf_counter()
+    checking.start()
+    if then is not None:  # the head start: Ray only when its packing actors would help
+        checked.wait()
+        if "error" in outcome:
+            raise outcome["error"]
+        head = outcome["head"]
+        if not head.wants_ray():
+            if head.error is not None:  # its first window failed: nothing is written
+                head.abandon()
+                raise head.error
+            return outcome["result"], RayTimes(began, None, 0.0), head
+    ray_began = time.perf_counter()
     try:
         line = init_ray(address)
     except Exception:
@@ -184,7 +203,7 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
         shutdown_ray()
         raise outcome["error"]
     clock.mark("ray_start")
-    return outcome["result"], RayTimes(began, up, up - began), outcome["head"]
+    return outcome["result"], RayTimes(began, up, up - ray_began), outcome["head"]
 
 
 def _join_first(address: str | None, clock) -> float | None:
@@ -210,18 +229,22 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     from packfeed.service.pipeline.stats import format_summary, run_failure
     from packfeed.service.progress import Progress
 
-    start, ray_init_seconds = ray.began, ray.seconds  # the run's time counts from Ray's start
-    sink = None
-    if _actors_write(output):
+    start, ray_init_seconds = ray.began, ray.seconds  # the run's time counts from the checks' start
+    sink, start_window = None, 0  # the driver packs windows 0 .. start_window - 1
+    if ray.up is None:  # no Ray started (head start): the driver packs every window
+        start_window = plan.num_windows
+    elif _actors_write(output):
         sink = PartSink(output, seq_len=config.seq_len, config_hash=config.config_hash(),
                         num_windows=plan.num_windows, ledger=RowLedger.new(), validate=validate,
                         driver_claims=head is not None)
+        if head is not None:
+            start_window = head.hand_over(sink.ledger)
+            if start_window is None:  # the driver finishes sooner alone
+                start_window = plan.num_windows
     elif head is not None:  # not on an embedded Ray (one node): the pipeline packs every window
         head.abandon()
         head = None
-    start_window = head.hand_over(sink.ledger) if head is not None else 0  # the driver's: 0 .. start_window - 1
-    if start_window is None:  # the driver finishes sooner alone
-        start_window = plan.num_windows
+    parts = ray.up is None or sink is not None  # a part file per window, by the process that packed it
     total = new_run_stats(plan)
     pipeline = None
     if start_window < plan.num_windows:
@@ -230,7 +253,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     # every check passed (inputs, tokenizer, probe, Ray, placement): only now may overwrite
     # remove the previous output
     writer = open_writer()
-    if sink is not None:
+    if parts:
         writer.list_parts([part_name(k, plan.num_windows) for k in range(plan.num_windows)])
     if head is not None:
         head.release()
@@ -240,7 +263,8 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
         logger.warning("%d windows for %d packing workers: some workers idle", len(pipeline.windows), pipeline.num_workers)
     logger.info("packing %s samples (%d epoch(s)) in %d windows of %s %s -> %s",
                 f"{plan.samples_per_epoch * plan.epochs:,}", plan.epochs, plan.num_windows,
-                f"{plan.window_samples:,}", _packers(num_workers, head is not None, start_window, plan.num_windows),
+                f"{plan.window_samples:,}", _packers(num_workers, head is not None, start_window, plan.num_windows,
+                                                     ray.up is not None),
                 storage.display(writer.out_dir))
     progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
                         interval_s=progress_seconds)
@@ -249,7 +273,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     first_actor = None  # the start-up of the actor that wrote the first window (None: the driver did)
     first_by_driver = False
     epoch_first_rows = []  # global row of each epoch's first window
-    written = [] if sink is not None else None  # the part files the actors wrote, in stream order
+    written = [] if parts else None  # the part files the driver and the actors wrote, in stream order
     try:
         for out in _outputs(pipeline, head, start_window, writer if sink is None else None, validate):
             by_driver = isinstance(out, DriverWindow)
@@ -286,7 +310,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
             sink.ledger.close()
     progress.close()
     end = time.perf_counter()
-    if driver_windows:
+    if driver_windows and ray.up is not None:
         logger.info("the driver packed %d of the %d windows while Ray and the packing actors started", driver_windows,
                     plan.num_windows)
     total.check_accounting()
@@ -295,11 +319,11 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     startup = clock.phases(first_actor, first_row_wall or time.time(),
                            last="first_window_write_s" if first_by_driver else "actors_and_first_window_s")
     stats["first_row_seconds"] = round(sum(startup.values()), 3)
-    stats["ray_to_first_row_seconds"] = round((first_row_at or end) - ray.up, 3)
+    stats["ray_to_first_row_seconds"] = None if ray.up is None else round((first_row_at or end) - ray.up, 3)
     stats["startup_seconds"] = startup
     stats["steady_tokens_per_second"] = _steady_rate(tokens - actors_first_tokens, actors_first_at, end,
                                                      plan.num_windows - driver_windows)
-    stats["ray_init_seconds"] = round(ray_init_seconds, 3)
+    stats["ray_init_seconds"] = None if ray.up is None else round(ray_init_seconds, 3)
     stats["num_workers"] = num_workers
     stats["driver_windows"] = driver_windows
     stats["epoch_rows"] = [b - a for a, b in zip(epoch_first_rows, epoch_first_rows[1:] + [rows_written])]
@@ -343,8 +367,10 @@ def _outputs(pipeline, head, start_window: int, writer, validate: bool):
             yield head.window(out.window) if out.stats is None else out
 
 
-def _packers(num_workers: int, head_start: bool, start_window: int, num_windows: int) -> str:
+def _packers(num_workers: int, head_start: bool, start_window: int, num_windows: int, ray_up: bool) -> str:
     """Who packs: "on 2 workers", "on 2 workers and the driver (3 windows so far)"."""
+    if not ray_up:
+        return "on the driver (sooner than starting Ray and packing actors: no Ray started)"
     if start_window == num_windows:
         return "on the driver (sooner than starting packing actors)"
     if not head_start:

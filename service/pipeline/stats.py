@@ -330,7 +330,9 @@ def _time_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
     seconds, overall = stats["seconds"], stats["tokens_per_second"]
     if "first_row_seconds" not in stats:  # a stats.json without the start-up (an older packfeed)
         return [("seconds", f"{seconds:.2f}"), ("tokens/s", f"{overall:,.0f}")]
-    ray = f", Ray start {stats['ray_init_seconds']:.2f}" if "ray_init_seconds" in stats else ""
+    ray = ""
+    if "ray_init_seconds" in stats:  # None: no Ray started (the driver packed every window)
+        ray = ", no Ray" if stats["ray_init_seconds"] is None else f", Ray start {stats['ray_init_seconds']:.2f}"
     steady = stats.get("steady_tokens_per_second")
     why = ("the driver packed every window: no actors' steady rate" if stats.get("driver_windows") == stats.get("windows")
            else "the actors packed one window: no steady rate")

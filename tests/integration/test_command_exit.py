@@ -22,7 +22,7 @@ def test_pack_leaves_nothing_of_its_ray_when_it_exits(tmp_path):
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "packfeed.service.cli", "pack", *CORPUS, "--tokenizer", TOKENIZER, "--seq-len", "2048",
-             "--output", str(tmp_path / "out")],
+             "--output", str(tmp_path / "out"), "--no-head-start"],  # Ray at once (this corpus alone starts none)
             stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, start_new_session=True,
             env={**os.environ, "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

@@ -2,7 +2,7 @@
 embedded Ray: the driver packs windows while Ray and the packing actors start, and the output
 is the actors' own, file for file.
 
-* a small run: the driver packs every window and no actor starts;
+* a small run: the driver packs every window, and neither Ray nor any actor starts;
 * a run the driver and the actors share (the driver slowed down, so that the actors take over):
   each window packed once, by one of them, the same files;
 * a window that fails on the driver fails the run with its own error, before or after Ray is
@@ -33,8 +33,8 @@ WINDOWS = 15
 TIMING = ("seconds", "tokens_per_second", "first_row_seconds", "ray_to_first_row_seconds", "startup_seconds",
           "steady_tokens_per_second", "ray_init_seconds", "num_workers", "driver_windows", "tokenizer_backend")
 
-# The CLI in a process whose driver packs slowly (the actors' processes are not slowed): the
-# pipeline always starts (no estimate), and the driver's windows wait for Ray to be up (at the
+# The CLI in a process whose driver packs slowly (the actors' processes are not slowed): Ray
+# and the pipeline always start (no estimate), and the driver's windows wait for Ray to be up (at the
 # hand-over the driver is in window 0: every later window of its own it claims against the
 # actors), then ``DRIVER_WINDOW_S`` seconds; from window ``DRIVER_WAITS_FOR_ACTORS`` on, also
 # until an actor has claimed a window (in the row ledger's store), however long the actors take
@@ -46,7 +46,7 @@ SLOW_DRIVER = textwrap.dedent("""
     from packfeed.service.pipeline import head_start, part_sink, window
     from packfeed.service.cli import main
 
-    head_start.ACTORS_START_S = 0.0
+    head_start.ACTORS_START_S = head_start.RAY_START_S = 0.0
     pack_window, seconds = window.process_window, float(os.environ.get("DRIVER_WINDOW_S", "0"))
     wait_from = int(os.environ.get("DRIVER_WAITS_FOR_ACTORS", "-1"))
 
@@ -111,10 +111,11 @@ def test_a_small_run_is_packed_by_the_driver_alone_into_the_actors_files(actors_
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = stats_of(tmp_path / "out")
     assert stats["driver_windows"] == stats["windows"] == WINDOWS and stats["num_workers"] == 0
-    assert "on the driver (sooner than starting packing actors)" in proc.stderr
-    assert "MapWorker" not in proc.stderr, "no packing actor started"
-    assert stats["ray_to_first_row_seconds"] < stats_of(actors_only)["ray_to_first_row_seconds"], \
-        "the first rows were packed while Ray started, not after"
+    assert "on the driver (sooner than starting Ray and packing actors: no Ray started)" in proc.stderr
+    assert "Ray: started" not in proc.stderr and "MapWorker" not in proc.stderr, "neither Ray nor an actor started"
+    assert stats["ray_init_seconds"] is None and stats["ray_to_first_row_seconds"] is None
+    assert stats["first_row_seconds"] < stats_of(actors_only)["first_row_seconds"], \
+        "the first rows were packed while the actors' run started its Ray"
     assert_same_output(tmp_path / "out", actors_only)
 
 
@@ -135,7 +136,7 @@ def test_the_driver_and_the_actors_share_a_run_and_write_the_same_files(actors_o
 
 
 @pytest.mark.parametrize("window, slow", [
-    pytest.param(2, None, id="before-ray-is-up"),
+    pytest.param(2, None, id="the-driver-alone-no-ray"),
     pytest.param(1, "0.5", id="after-the-hand-over"),
 ])
 def test_a_window_that_fails_on_the_driver_fails_the_run_with_its_error(tmp_path, window, slow):

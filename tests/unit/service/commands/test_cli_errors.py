@@ -326,7 +326,8 @@ def test_the_fast_back_ends_refusal_is_said_before_ray(capsys, good, tmp_path, c
     refused = str(tmp_path / "gpt2-regex")  # the bundled tokenizer is accepted (issue 25): one quicktok refuses
     gpt2_regex_tokenizer().save_pretrained(refused)
     argv = [command, good, "--tokenizer", refused, "--seq-len", "64", "--output", str(tmp_path / "o")]
-    argv += ["--model", "tiny-llama"] if command == "train" else []
+    # pack: Ray at once (a run this small would start none); the unit conftest ends the run there
+    argv += ["--model", "tiny-llama"] if command == "train" else ["--no-head-start"]
     with pytest.raises(RuntimeError, match="must not start Ray"):  # the unit conftest: the run ends where Ray starts
         main(argv)
     err = capsys.readouterr().err
@@ -353,7 +354,7 @@ def test_a_file_in_two_sources_is_warned_about_naming_both(capsys, good, tmp_pat
                    f'[[data.sources]]\nname = "a"\npaths = ["{tmp_path}/*.jsonl"]\n'
                    f'[[data.sources]]\nname = "b"\npaths = ["{good}"]\n')
     with pytest.raises(RuntimeError, match="must not start Ray"):  # the unit conftest: the run ends where Ray starts
-        main(["pack", "--config", str(cfg), "--output", str(tmp_path / "o")])
+        main(["pack", "--config", str(cfg), "--output", str(tmp_path / "o"), "--no-head-start"])
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("packfeed pack: warning: ")]
     assert warnings == [f"packfeed pack: warning: {good} is in sources 'a' and 'b': each of them reads its rows, so "
                         "they count once per source; give each file to one source (repeat or weight sets how often "

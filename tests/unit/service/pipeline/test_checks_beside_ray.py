@@ -1,5 +1,6 @@
 """``pack``'s checks run in a thread while the embedded Ray starts (no Ray here: a stand-in
-``init_ray``): the result, a check's error first, and no Ray left behind a refused command."""
+``init_ray``): the result, a check's error first, and no Ray left behind a refused command.
+With the driver's head start Ray starts after the checks, only when the head start wants it."""
 
 from __future__ import annotations
 
@@ -50,10 +51,16 @@ def test_the_checks_run_beside_rays_start(monkeypatch, check_fails, ray_fails, e
 
 
 class StandInHead:
-    """What ``then`` gives: ``run`` goes on in the checks' thread (here: until abandoned)."""
+    """What ``then`` gives: ``run`` goes on in the checks' thread (here: until abandoned);
+    ``wants_ray`` says ``wants``."""
 
-    def __init__(self, checked) -> None:
+    def __init__(self, checked, wants: bool = True) -> None:
         self.checked, self.abandoned, self.ran = checked, threading.Event(), threading.Event()
+        self.wants, self.error = wants, None
+
+    def wants_ray(self) -> bool:
+        assert self.ran.wait(5)
+        return self.wants
 
     def run(self) -> None:
         self.ran.set()
@@ -90,3 +97,39 @@ def test_the_head_start_goes_on_in_the_checks_thread_and_is_abandoned_when_ray_f
     assert result == "result" and head is heads[0] and head.checked == "result"
     assert not head.abandoned.is_set(), "Ray up: the head start goes on (the run hands over to the pipeline)"
     head.abandon()
+
+
+@pytest.mark.parametrize("wants", [False, True], ids=["the-driver-alone", "actors-help"])
+def test_with_a_head_start_ray_starts_after_the_checks_only_if_wanted(monkeypatch, wants):
+    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
+    events = []
+
+    def fake_init(address):
+        events.append("ray start")
+        return "Ray: started"
+
+    def check():
+        events.append("checked")
+        return "result"
+
+    monkeypatch.setattr(raycluster, "init_ray", fake_init)
+    clock = StartupClock()
+    result, ray, head = pack._check_while_ray_starts(check, None, clock, lambda checked: StandInHead(checked, wants))
+    assert result == "result" and head.checked == "result"
+    if wants:
+        assert events == ["checked", "ray start"] and ray.up is not None
+        assert [name for name, _ in clock.marks] == ["ray_start"]
+    else:
+        assert events == ["checked"] and ray.up is None and ray.seconds == 0.0 and not clock.marks
+    head.abandon()
+
+
+def test_with_a_head_start_a_refused_command_starts_no_ray(monkeypatch):
+    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
+    monkeypatch.setattr(raycluster, "init_ray", lambda address: pytest.fail("no Ray for a refused command"))
+
+    def check():
+        raise ValueError("source 'chat': row 0: bad")
+
+    with pytest.raises(ValueError, match="row 0: bad"):
+        pack._check_while_ray_starts(check, None, StartupClock(), StandInHead)

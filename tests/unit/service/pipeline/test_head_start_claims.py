@@ -164,3 +164,69 @@ def test_abandoned_it_packs_and_writes_no_more(setup, tmp_path):
     head.abandon()
     thread.join(30)
     assert not thread.is_alive() and head._packed == 1 and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("budget_s, wants", [(0.0, True), (3600.0, False)])
+def test_before_any_ray_its_pace_says_whether_ray_is_worth_starting(setup, tmp_path, budget_s, wants):
+    _, plan, _ = setup
+    head, thread = start(setup, tmp_path)
+    assert head.wants_ray(budget_s) is wants
+    if not wants:
+        with head._cond:  # no Ray: the driver goes on with every window
+            assert head._cond.wait_for(lambda: head._packed == plan.num_windows, 60)
+    head.abandon()
+    thread.join(30)
+
+
+def test_a_slow_first_window_starts_ray_before_it_ends(setup, tmp_path, monkeypatch):
+    """Window 0 takes 3 s: after ~budget / (windows - 1) the windows after it would already
+    take longer than the budget, so Ray is wanted while window 0 still packs."""
+    from packfeed.service.pipeline import window
+
+    _, plan, _ = setup
+    slow_done = threading.Event()
+
+    def slow(spec, *args, **kwargs):
+        if spec.index == 0:
+            slow_done.wait(3.0)
+        return process_window(spec, *args, **kwargs)
+
+    monkeypatch.setattr(window, "process_window", slow)
+    head, thread = start(setup, tmp_path)
+    budget_s = 0.2 * (plan.num_windows - 1)  # wanted once window 0 has taken 0.2 s
+    assert head.wants_ray(budget_s) is True
+    assert head._packed == 0 and not slow_done.is_set(), "decided before the first window ended"
+    slow_done.set()
+    head.abandon()
+    thread.join(30)
+
+
+def test_a_failed_first_window_wants_no_ray_and_keeps_its_error(setup, tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULTS_ENV, "packer-window:0")
+    monkeypatch.setattr(faults, "_fired", set())
+    head, thread = start(setup, tmp_path)
+    assert head.wants_ray(3600.0) is False and isinstance(head.error, FaultInjected)
+    thread.join(30)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_write_stops_the_packing_and_is_raised(setup, tmp_path, monkeypatch):
+    """The writes run in their own thread: one that fails ends the driver's packing too."""
+    from packfeed.service.packed import writer
+
+    _, plan, _ = setup
+    write = writer.write_part
+
+    def failing(uri, rows, **kwargs):
+        if uri.endswith(part_name(1, plan.num_windows)):
+            raise OSError("disk full")
+        return write(uri, rows, **kwargs)
+
+    monkeypatch.setattr(writer, "write_part", failing)
+    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    head.release()
+    head.window(0)
+    with pytest.raises(OSError, match="disk full"):
+        head.window(1)
+    thread.join(30)
+    assert not thread.is_alive() and head._claim() is None, "the driver claims no more windows"

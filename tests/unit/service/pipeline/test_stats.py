@@ -154,6 +154,12 @@ def test_a_stats_json_with_epochs_from_0_reads_as_one_from_1():
                   "tokens/s                     254,545 overall, start-up included (the driver packed every window: "
                   "no actors' steady rate)"],
                  id="the-driver-packed-every-window"),
+    pytest.param({"first_row_seconds": 1.5, "ray_init_seconds": None, "steady_tokens_per_second": None,
+                  "driver_windows": 1},
+                 ["seconds                      11.00 (start-up: first row at 1.50, no Ray)",
+                  "tokens/s                     254,545 overall, start-up included (the driver packed every window: "
+                  "no actors' steady rate)"],
+                 id="no-ray-started"),
     pytest.param({}, ["seconds                      11.00", "tokens/s                     254,545"],
                  id="older-stats-json-without-start-up"),
 ])  # fmt: skip
