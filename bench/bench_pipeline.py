@@ -91,7 +91,8 @@ def raw_tokenizer_rate(tokenizer: str, corpus: Path) -> dict:
 def run_pipeline(tokenizer: str, corpus: Path, out: Path, seq_len: int) -> dict:
     """A fresh `packfeed pack` process; samples the RSS of its whole process tree."""
     cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", str(corpus), "--tokenizer", tokenizer,
-           "--seq-len", str(seq_len), "--output", str(out), "--overwrite"]
+           "--seq-len", str(seq_len), "--output", str(out), "--overwrite",
+           "--no-head-start"]  # the pipeline's actors pack every window: their steady rate and memory
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = {"tree": 0, "driver": 0}
     done = threading.Event()

@@ -11,7 +11,8 @@ quicktok on one core (the text and chat files, rendered; bench_tokenize.raw_rate
 `packfeed pack` process with an empty packfeed cache (the machine's first run with this
 tokenizer: transformers loads it, quicktok imports it), then two per back-end with that cache
 (the second run on: the tokenizer's snapshot and quicktok's files kept; embedded Ray, one
-actor per CPU), as a user runs it (the driver packs while Ray and the actors start) and with
+actor per CPU), as a user runs it (the driver's head start: it packs from the end of its
+checks, and Ray starts only if its actors would finish sooner: "no Ray" otherwise) and with
 ``--no-head-start`` (every window on the actors): whole-run tokens/s per core and the HF /
 fast ratio of whole-run seconds, the actors' steady tokens/s per packing core,
 ``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
@@ -100,6 +101,14 @@ def reader_rate(packed: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def ray_columns(stats: dict) -> list[str]:
+    """"Ray up -> first row" and "Ray start" of a run, "no Ray" when none started (the driver
+    packed every window, head_start.py)."""
+    if stats.get("ray_init_seconds") is None:
+        return ["no Ray", "no Ray"]
+    return [f"{stats['ray_to_first_row_seconds']:.2f}", f"{stats['ray_init_seconds']:.2f}"]
+
+
 def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: str, seq_len: int,
                work: Path, backends: list[str], window_samples: int | None = None) -> None:
     cores = os.cpu_count() or 1
@@ -114,8 +123,7 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
     cache = work / f"cache-{len(list(work.glob('cache-*')))}"
     cold, _, _ = pack(inputs, tokenizer, seq_len, backends[-1], work / "out-cold", window_samples, cache)
     rows.append([f"packfeed pack, {backends[-1]}, first run (empty cache)", "", "", "", "",
-                 f"{cold['first_row_seconds']:.2f}", f"{cold['ray_to_first_row_seconds']:.2f}",
-                 f"{cold['ray_init_seconds']:.2f}"])
+                 f"{cold['first_row_seconds']:.2f}", *ray_columns(cold)])
     phases[f"{backends[-1]}, empty cache"] = cold.get("startup_seconds", {})
     walls = {}
     for backend in backends:  # the same tokenizer again: its snapshot and quicktok's files cached
@@ -132,8 +140,7 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
             rows.append([f"packfeed pack, {backend}{mode}: whole run per core ({wall:.1f} s, exit {tail:.2f} s after "
                          f"the summary; {stats['driver_windows']}/{stats['windows']} windows by the driver)",
                          f"{whole:,.0f}", "", f"{whole / rate['hf']:.2f}", f"{whole / rate['fast']:.2f}",
-                         f"{stats['first_row_seconds']:.2f}", f"{stats['ray_to_first_row_seconds']:.2f}",
-                         f"{stats['ray_init_seconds']:.2f}"])  # fmt: skip
+                         f"{stats['first_row_seconds']:.2f}", *ray_columns(stats)])  # fmt: skip
             phases[backend + mode] = stats.get("startup_seconds", {})
     if {"hf", "fast"} <= set(backends):
         rows.append([f"whole run, HF seconds / fast seconds: {walls['hf', ''] / walls['fast', '']:.2f} "

@@ -163,7 +163,8 @@ def run_pack(tokenizer: str, corpus: Path, out: Path, backend: str, args, window
     tree (driver, Ray, actors)."""
     cmd = [sys.executable, "-m", "packfeed.service.cli", "pack", str(corpus), "--tokenizer", tokenizer,
            "--seq-len", str(args.seq_len), "--window-samples", str(window_samples or args.window_samples),
-           "--tokenizer-backend", backend, "--output", str(out), "--overwrite"]  # fmt: skip
+           "--tokenizer-backend", backend, "--output", str(out), "--overwrite",
+           "--no-head-start"]  # the pipeline's actors pack every window: their rate and CPU  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
     cpu: dict[int, tuple[str, float]] = {}  # pid -> (its group, CPU seconds last seen)
