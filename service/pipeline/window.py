@@ -191,8 +191,10 @@ def _segment_tokens(rows: PackedRows, plan: StreamPlan, num_sources: int) -> tup
         return zeros, zeros
     sources = plan.source_of(rows.sample_ids[real])
     tokens = np.bincount(sources, weights=rows.seq_lens[real], minlength=num_sources)
-    segment_of_token = np.repeat(np.arange(len(rows.seq_lens)), rows.seq_lens)
-    trained_per_segment = np.bincount(segment_of_token, weights=(rows.labels.reshape(-1) != IGNORE_INDEX),
-                                      minlength=len(rows.seq_lens))
+    # the segments tile the rows in order: a segment's trained tokens are a difference of the
+    # running count at its two ends
+    trained_so_far = np.concatenate([[0], np.cumsum(rows.labels.reshape(-1) != IGNORE_INDEX, dtype=np.int64)])
+    bounds = np.concatenate([[0], np.cumsum(rows.seq_lens, dtype=np.int64)])
+    trained_per_segment = trained_so_far[bounds[1:]] - trained_so_far[bounds[:-1]]
     trained = np.bincount(sources, weights=trained_per_segment[real], minlength=num_sources)
     return tokens.astype(np.int64), trained.astype(np.int64)
