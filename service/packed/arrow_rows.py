@@ -28,25 +28,34 @@ ROW_SCHEMA = pa.schema(
 
 
 def rows_to_arrow(rows: PackedRows) -> pa.Table:
+    """The rows as one table of ``ROW_SCHEMA``, over the rows' own buffers (no copy)."""
     num_rows, seq_len = rows.input_ids.shape
-    token_offsets = pa.array(np.arange(num_rows + 1, dtype=np.int32) * seq_len, type=pa.int32())
-    segment_offsets = pa.array(rows.segment_splits.astype(np.int32), type=pa.int32())
+    token_offsets = _array(np.arange(num_rows + 1, dtype=np.int32) * seq_len, pa.int32())
+    segment_offsets = _array(rows.segment_splits, pa.int32())
 
     def tokens(a: np.ndarray) -> pa.ListArray:
-        return pa.ListArray.from_arrays(token_offsets, pa.array(a.reshape(-1), type=pa.int32()))
+        return pa.ListArray.from_arrays(token_offsets, _array(a.reshape(-1), pa.int32()))
 
     return pa.Table.from_arrays(
         [
             tokens(rows.input_ids),
             tokens(rows.labels),
             tokens(rows.position_ids),
-            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.seq_lens, type=pa.int32())),
-            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.sample_ids, type=pa.int64())),
-            pa.ListArray.from_arrays(segment_offsets, pa.array(rows.pair_roles, type=pa.int8())),
-            pa.array(rows.row_index, type=pa.int64()),
+            pa.ListArray.from_arrays(segment_offsets, _array(rows.seq_lens, pa.int32())),
+            pa.ListArray.from_arrays(segment_offsets, _array(rows.sample_ids, pa.int64())),
+            pa.ListArray.from_arrays(segment_offsets, _array(rows.pair_roles, pa.int8())),
+            _array(rows.row_index, pa.int64()),
         ],
         schema=ROW_SCHEMA,
     )
+
+
+def _array(values: np.ndarray, type: pa.DataType) -> pa.Array:
+    """An Arrow array over ``values`` (cast to ``type``'s width if need be), built from its
+    buffer: ``pa.array`` imports pandas on its first call (~0.15 s of a packing process's
+    start-up) to look for a DataFrame."""
+    values = np.ascontiguousarray(values, dtype=type.to_pandas_dtype())
+    return pa.Array.from_buffers(type, len(values), [None, pa.py_buffer(values)])
 
 
 def rows_from_arrow(table: pa.Table | pa.RecordBatch) -> PackedRows:
