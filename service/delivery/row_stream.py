@@ -137,7 +137,8 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
     """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
     SampleTokenizer (pad id, vocabulary, and the catch-up path's packing); ``scaling``: the
     packing actors' PackingScaling."""
-    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, new_run_stats
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline
+    from packfeed.service.pipeline.stats import new_run_stats
     from packfeed.service.pipeline.window import process_window
     from packfeed.service.tokenize.backend import log_choices
     from packfeed.service.tokenize.samples import SampleTokenizer

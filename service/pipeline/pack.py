@@ -223,10 +223,9 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
           progress_seconds) -> dict[str, Any]:
     from packfeed.service.pipeline.part_sink import PartSink, RowLedger, part_name
     from packfeed.service.pipeline.head_start import DriverWindow
-    from packfeed.service.pipeline.ray_pipeline import PackingPipeline, fold_window, new_run_stats
     from packfeed.service.pipeline.scaling import place_packing
     from packfeed.service.packed.location import META_DIR
-    from packfeed.service.pipeline.stats import format_summary, run_failure
+    from packfeed.service.pipeline.stats import fold_window, format_summary, new_run_stats, run_failure
     from packfeed.service.progress import Progress
 
     start, ray_init_seconds = ray.began, ray.seconds  # the run's time counts from the checks' start
@@ -248,6 +247,8 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     total = new_run_stats(plan)
     pipeline = None
     if start_window < plan.num_windows:
+        from packfeed.service.pipeline.ray_pipeline import PackingPipeline  # imports Ray: only when actors pack
+
         pipeline = PackingPipeline(config, plan, scaling=place_packing(scaling, num_windows=plan.num_windows - start_window),
                                    start_window=start_window, stats=total, sink=sink, tokenizer=shipped)
     # every check passed (inputs, tokenizer, probe, Ray, placement): only now may overwrite

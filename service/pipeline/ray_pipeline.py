@@ -54,8 +54,7 @@ from packfeed.service.pipeline.part_sink import PartSink
 from packfeed.service.pipeline.placement import node_resources
 from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.service.pipeline.stats import RunStats, WindowStats
-from packfeed.service.tokenize.backend import log_choices
+from packfeed.service.pipeline.stats import RunStats, WindowStats, fold_window, new_run_stats
 
 PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))
 
@@ -264,14 +263,6 @@ class PackingPipeline:
         self.samples_started += int(self.plan.window_counts(stats.window).sum())
 
 
-def fold_window(run: RunStats, stats: WindowStats) -> None:
-    """A window's accounting into the run's; the tokenizer back-end choices it brings that
-    were not said yet, logged."""
-    said = len(run.tokenizer_checks)
-    run.add(stats)
-    log_choices(run.tokenizer_checks, said)
-
-
 def table_outputs(table: pa.Table, *, first_row: int) -> list[WindowOutput]:
     """A block of the pipeline as WindowOutputs (one per window in it; one block is one
     window in practice, split in case Ray merges blocks), rows numbered from ``first_row``."""
@@ -312,10 +303,3 @@ def poll_tasks_sooner() -> bool:
         return False
     state.WAIT_FOR_TASK_COMPLETION_TIMEOUT_S = min(wait, RAY_DATA_TASK_POLL_S)
     return True
-
-
-def new_run_stats(plan: StreamPlan) -> RunStats:
-    scheduled = bool(getattr(plan, "schedule", ()))  # stats per schedule stage, totals over the run
-    return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None),
-                    planned_run=plan.planned_samples() if scheduled else None,
-                    stage_of=plan.stage_of if scheduled else None)

@@ -254,11 +254,9 @@ def joins_a_cluster(address: str | None) -> bool:
     this process's). A command then joins before it plans: the scan runs as Ray tasks on the
     cluster's nodes (inputs/scan_tasks.py), which read a bucket in parallel rather than through
     this one process. An embedded Ray has this machine only: planning first keeps every check
-    of the inputs answering before Ray's start-up."""
-    import ray
-
+    of the inputs answering before Ray's start-up. Imports no Ray (a run may start none)."""
     address = address or os.environ.get("RAY_ADDRESS")
-    return bool(address) and address != "local" and not ray.is_initialized()
+    return bool(address) and address != "local" and not ray_initialised()
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:

@@ -414,3 +414,21 @@ def _share_entry(head: dict[str, Any], sources: dict[int, Counts], index: int) -
     return {**head, "samples_read": c.samples_read, "samples_packed": c.samples_packed, "skipped": c.skipped_total,
             "dropped": c.dropped, "tokens": c.tokens, "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
             "share_tokens": c.tokens / all_tokens if all_tokens else 0.0}
+
+
+def fold_window(run: RunStats, stats: WindowStats) -> None:
+    """A window's accounting into the run's; the tokenizer back-end choices it brings that
+    were not said yet, logged."""
+    from packfeed.service.tokenize.backend import log_choices
+
+    said = len(run.tokenizer_checks)
+    run.add(stats)
+    log_choices(run.tokenizer_checks, said)
+
+
+def new_run_stats(plan: Any) -> RunStats:
+    """The run's stats of ``plan`` (a StreamPlan), before any window."""
+    scheduled = bool(getattr(plan, "schedule", ()))  # stats per schedule stage, totals over the run
+    return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None),
+                    planned_run=plan.planned_samples() if scheduled else None,
+                    stage_of=plan.stage_of if scheduled else None)

@@ -18,7 +18,7 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.metrics import _storage_families, storage_counts
-from packfeed.service.pipeline.ray_pipeline import new_run_stats
+from packfeed.service.pipeline.stats import new_run_stats
 from packfeed.service.pipeline.stats import RunStats, WindowStats, format_summary
 from packfeed.service.pipeline.window import process_window
 from packfeed.service.tokenize.samples import load_tokenizer
