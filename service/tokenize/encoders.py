@@ -33,6 +33,7 @@ skipped with HF's own reason and message.
 
 from __future__ import annotations
 
+import copy
 import re
 import unicodedata
 from itertools import chain
@@ -201,6 +202,14 @@ class FastEncoder:
         by_length = sorted(self.added, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")").split if by_length else None
         self.texts_by_reference = 0  # texts the fast path handed to HF for their edges (a count for tests and debugging)
+
+    def rebound(self, reference: HFEncoder, *, threads: int) -> "FastEncoder":
+        """This encoder (the same quicktok tokenizer and tables) with another HF reference
+        and number of threads: another SampleTokenizer of this process, without loading
+        quicktok's files again."""
+        other = copy.copy(self)
+        other.reference, other.threads, other.texts_by_reference = reference, threads, 0
+        return other
 
     def encode(self, texts: Sequence[str], *, special: bool, edges: bool) -> Encoded:
         texts = texts if isinstance(texts, list) else list(texts)

@@ -53,6 +53,7 @@ class ShippedTokenizer:
                 return tokenizer
             shipped = copy.copy(tokenizer)
             shipped.fast_proof = fast_proof
+            shipped._backend = tokenizer._backend  # built already in this process (the copy drops it)
             return shipped
         templates = {}
         for key, tools in ((_NO_TOOLS, None), (_TOOLS, [])):
@@ -60,7 +61,7 @@ class ShippedTokenizer:
                 templates[key] = (tokenizer.get_chat_template(None, tools), None)
             except Exception as e:  # no template, or several and none named default: said when used
                 templates[key] = (None, f"{type(e).__name__}: {e}")
-        return cls(
+        shipped = cls(
             name_or_path=str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
             backend_json=tokenizer.backend_tokenizer.to_str(),
             eos_token_id=tokenizer.eos_token_id,
@@ -71,6 +72,8 @@ class ShippedTokenizer:
             chat_templates=templates,
             fast_proof=fast_proof,
         )
+        shipped._backend = tokenizer.backend_tokenizer  # this process's, shared (pickling drops it)
+        return shipped
 
     def snapshot(self) -> tuple[dict, str]:
         """What snapshots.py keeps of it (the proof is not kept: it is run again, cached by

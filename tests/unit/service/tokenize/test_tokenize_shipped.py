@@ -51,14 +51,18 @@ def shipped_through_pickle(driver: SampleTokenizer) -> ShippedTokenizer:
 CASES = [("bundled", b, loss) for b in ("hf", "auto", "fast") for loss in ("auto", "all")] + [("qwen", "auto", "auto")]
 
 
+@pytest.mark.parametrize("through", ["pickle", "this-process"])
 @pytest.mark.parametrize(("name", "backend", "loss"), CASES)
-def test_every_window_packs_the_same_rows_through_the_shipped_tokenizer(tokenizers, name, backend, loss):
+def test_every_window_packs_the_same_rows_through_the_shipped_tokenizer(tokenizers, name, backend, loss, through):
+    """Through pickle: what a packing actor gets. In this process: what the driver's head start
+    builds from its own ``ship()``, reusing the driver's Rust backend and quicktok encoder."""
     tok = tokenizers[name]
     config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=name, seq_len=1024, loss=loss, window_samples=2048)
     plan = build_plan(config)
     driver = SampleTokenizer(tok, backend=backend, loss=loss, num_threads=1)
     driver.check_backend()  # the driver's steps 1-3 under auto, as the probe runs them
-    actor = SampleTokenizer(shipped_through_pickle(driver), backend=backend, loss=loss, num_threads=1)
+    shipped = shipped_through_pickle(driver) if through == "pickle" else driver.ship()
+    actor = SampleTokenizer(shipped, backend=backend, loss=loss, num_threads=1)
     reference = SampleTokenizer(tok, backend=backend, loss=loss, num_threads=1)
     assert plan.num_windows > 1
     for k in range(plan.num_windows):
@@ -68,6 +72,10 @@ def test_every_window_packs_the_same_rows_through_the_shipped_tokenizer(tokenize
             assert np.array_equal(getattr(a, column), getattr(b, column)), (k, column)
         assert dataclasses.replace(stats_a, tokenizer_checks=None) == dataclasses.replace(stats_b, tokenizer_checks=None)
     assert actor.backend == reference.backend == ("hf" if backend == "hf" else "fast")
+    reused = through == "this-process"
+    assert (actor._backend is driver._backend) is reused
+    if backend != "hf":  # the encoder was chosen on the first window: under auto, quicktok's is loaded now
+        assert (actor._encoders.fast.quick is driver._encoders.fast.quick) is reused
     assert (actor.vocab_size, actor.eos_id, actor.pad_id, actor.name) == (
         reference.vocab_size, reference.eos_id, reference.pad_id, reference.name)
 
