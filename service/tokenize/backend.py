@@ -403,10 +403,10 @@ def check_window(reference: Any, candidate: Any, sample: RawWindow) -> dict[str,
         raise FastPathRefused(f"skips differ on the first window's samples: HF {ref_skips[:2]}, fast {got_skips[:2]}")
     if not np.array_equal(reference.sample_ids, candidate.sample_ids):
         raise FastPathRefused("the fast back-end kept other samples than HF")
-    for field in ("pair_chosen_lens", "pair_prompt_lens"):
-        a, b = getattr(reference, field), getattr(candidate, field)
+    for column in ("pair_chosen_lens", "pair_prompt_lens"):
+        a, b = getattr(reference, column), getattr(candidate, column)
         if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
-            raise FastPathRefused(f"{field} of the preference pairs differ from HF")
+            raise FastPathRefused(f"{column} of the preference pairs differ from HF")
     for i, sid in enumerate(reference.sample_ids.tolist()):
         a0, a1 = reference.offsets[i], reference.offsets[i + 1]
         b0, b1 = candidate.offsets[i], candidate.offsets[i + 1]
