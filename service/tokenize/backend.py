@@ -410,13 +410,13 @@ def check_window(reference: Any, candidate: Any, sample: RawWindow) -> dict[str,
     for i, sid in enumerate(reference.sample_ids.tolist()):
         a0, a1 = reference.offsets[i], reference.offsets[i + 1]
         b0, b1 = candidate.offsets[i], candidate.offsets[i + 1]
-        for field in ("tokens", "labels"):
-            a, b = getattr(reference, field)[a0:a1], getattr(candidate, field)[b0:b1]
+        for column in ("tokens", "labels"):
+            a, b = getattr(reference, column)[a0:a1], getattr(candidate, column)[b0:b1]
             if not np.array_equal(a, b):
                 at = int(np.argmax(a[: len(b)] != b[: len(a)])) if len(a) == len(b) else min(len(a), len(b))
                 source, row = sample.spec.locate(sid)
                 raise FastPathRefused(
-                    f"{field} differ from HF on {source} row {row} (sample {sid}) at token {at}: "
+                    f"{column} differ from HF on {source} row {row} (sample {sid}) at token {at}: "
                     f"HF {a[at:at + 4].tolist()}, fast {b[at:at + 4].tolist()}"
                 )
     return {"sample_records": len(sample.records), "sample_tokens": int(len(reference.tokens))}
