@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from packfeed.client.rows import PackedRows, check_rows, renumber_rows
 from packfeed.service import faults, storage
 from packfeed.service.data.config import DataConfig
@@ -58,6 +60,12 @@ ACTORS_START_S = 6.0
 # Before Ray starts: an embedded Ray of 2 cores took 2.4-3 s to start (bench/bench_startup.py).
 # When the driver alone would pack every window within RAY_START_S + ACTORS_START_S, no Ray starts.
 RAY_START_S = 3.0
+# On a machine that other work keeps busy, Ray and its actors start slower: that budget is
+# divided by the share of the machine's CPUs the rest of the machine left free while the driver
+# packed, down to MIN_FREE_SHARE. Measured beside two busy loops on 2 cores, 12M tokens with
+# the HF back-end: 50 s with Ray started (the driver packed every window), 372 s on the actors
+# alone (--no-head-start; the first row after 142 s), 16 s on the driver alone.
+MIN_FREE_SHARE = 0.25
 MAX_HELD_TOKENS = 64_000_000  # ~0.8 GB of rows held while Ray starts, at most (12 bytes per token)
 
 
@@ -89,7 +97,8 @@ class HeadStart:
         self._packed = 0  # windows packed (0 .. _packed - 1)
         self._end_row = 0  # where window _packed - 1 ends
         self._pack_seconds = 0.0  # spent packing windows 0 .. _packed - 1
-        self._first_began: float | None = None  # when the driver began its first window
+        self._pack_others = 0.0  # CPU seconds the rest of the machine used meanwhile
+        self._first_began: tuple[float, float] | None = None  # when the driver began its first window
         self._ledger: RowLedger | None = None  # set at the hand-over: claims go through it
         self._lost = False  # an actor claimed the window the driver wanted next: it stops
         self._released = False
@@ -113,14 +122,15 @@ class HeadStart:
 
             tokenizers = window_tokenizers(self.config, self.plan, self.tokenizer, threads=1)
             while (k := self._claim()) is not None:
-                began = time.perf_counter()
+                began, others = time.perf_counter(), others_cpu_seconds()
                 if k == 0:
                     with self._cond:
-                        self._first_began = began
+                        self._first_began = began, others
                         self._cond.notify_all()
                 faults.point("packer-window", k)
                 rows, stats = process_window(self.plan.window(k), tokenizers, self.config, self.plan)
                 self._pack_seconds += time.perf_counter() - began
+                self._pack_others += others_cpu_seconds() - others
                 self._packed_window(k, rows, stats)
         except BaseException as exc:  # raised in the main thread (hand_over, window)
             self._failed(exc)
@@ -208,11 +218,11 @@ class HeadStart:
     def wants_ray(self, budget_s: float | None = None) -> bool:
         """Before any Ray: would packing actors finish sooner than the driver alone? True once
         the windows left would take the driver longer than ``budget_s`` (default: Ray's start
-        and the actors', ``RAY_START_S + ACTORS_START_S``) at its pace: its windows' so far, or,
-        while its first window is packing, at least the time that window has taken for each
-        window after it. False when the driver would be done sooner, is done, or failed (its
-        error: ``self.error``). Waits until it knows (for a large run: a fraction of the first
-        window)."""
+        and the actors', ``RAY_START_S + ACTORS_START_S``, over the share of the machine the
+        rest of it left free meanwhile: ``ray_budget``) at its pace: its windows' so far, or, while its first window is
+        packing, at least the time that window has taken for each window after it. False when
+        the driver would be done sooner, is done, or failed (its error: ``self.error``). Waits
+        until it knows (for a large run: a fraction of the first window)."""
         budget_s = RAY_START_S + ACTORS_START_S if budget_s is None else budget_s
         n = self.plan.num_windows
         with self._cond:
@@ -220,14 +230,17 @@ class HeadStart:
                 if self.error is not None or self._packing_ended:
                     return False
                 if self._packed:
-                    return (n - self._packed) * self._pack_seconds / self._packed > budget_s
+                    budget = ray_budget(budget_s, free_share(self._pack_others, self._pack_seconds))
+                    return (n - self._packed) * self._pack_seconds / self._packed > budget
                 if self._first_began is None or n == 1:  # one window: the driver is packing it already
                     self._cond.wait()
                     continue
-                at_least = (n - 1) * (time.perf_counter() - self._first_began)  # the windows after the first
-                if at_least > budget_s:
+                wall = time.perf_counter() - self._first_began[0]
+                budget = ray_budget(budget_s, free_share(others_cpu_seconds() - self._first_began[1], wall))
+                at_least = (n - 1) * wall  # the windows after the first
+                if at_least > budget:
                     return True
-                self._cond.wait((budget_s - at_least) / (n - 1) + 0.005)
+                self._cond.wait(min(0.1, (budget - at_least) / (n - 1) + 0.005))
 
     def hand_over(self, ledger: RowLedger, actors_start_s: float = ACTORS_START_S) -> int | None:
         """Ray is up: the first window for the pipeline (every window before it is the
@@ -272,3 +285,24 @@ class HeadStart:
             if len(self._written) <= k:
                 raise self.error or RuntimeError(f"packing: the driver's head start ended before window {k}")
             return self._written[k]
+
+
+def ray_budget(budget_s: float, free: float) -> float:
+    """``budget_s`` (Ray's and the actors' start on an idle machine) where the rest of the
+    machine left ``free`` of its CPUs free: slower by as much (Ray's start and its actors get
+    no more), down to ``MIN_FREE_SHARE``."""
+    return budget_s / min(1.0, max(MIN_FREE_SHARE, free))
+
+
+def free_share(others_seconds: float, wall_seconds: float) -> float:
+    """The share of this machine's CPUs that the other processes left free over
+    ``wall_seconds`` in which they used ``others_seconds`` of CPU."""
+    return 1.0 - others_seconds / max(wall_seconds * (psutil.cpu_count() or 1), 1e-9)
+
+
+def others_cpu_seconds() -> float:
+    """CPU seconds every process but this one has used on this machine (since its boot):
+    the machine's busy time (/proc/stat through psutil) less this process's."""
+    t = psutil.cpu_times()
+    busy = sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    return busy - time.process_time()

@@ -3,13 +3,18 @@
 claim wins; the actors' holds for every actor). Checked: the files equal each window packed and
 written on its own, numbered from the rows before it; nothing is written before ``release``;
 the held rows stay under their bound; at the hand-over the driver keeps a prefix of the windows
-and stops at the first an actor claimed, publishing where its last one ends; its pace decides
-whether actors start; a failure is raised, and published for the actor that would wait on it.
+and stops at the first an actor claimed, publishing where its last one ends; its pace, and the
+share of a core it gets, decide whether Ray and actors start; a failure (of a window or of a
+write) is raised, and published for the actor that would wait on it.
 (The same with Ray and actors: tests/integration/test_head_start.py.)"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +26,7 @@ from packfeed.service.data.plan import build_plan
 from packfeed.service import faults
 from packfeed.service.faults import FAULTS_ENV, FaultInjected
 from packfeed.service.packed.writer import write_part
-from packfeed.service.pipeline.head_start import HeadStart
+from packfeed.service.pipeline.head_start import MIN_FREE_SHARE, HeadStart, free_share, ray_budget
 from packfeed.service.pipeline.part_sink import part_name
 from packfeed.service.pipeline.window import process_window, window_tokenizers
 from packfeed.service.tokenize.samples import load_tokenizer
@@ -197,6 +202,41 @@ def test_a_slow_first_window_starts_ray_before_it_ends(setup, tmp_path, monkeypa
     assert head.wants_ray(budget_s) is True
     assert head._packed == 0 and not slow_done.is_set(), "decided before the first window ended"
     slow_done.set()
+    head.abandon()
+    thread.join(30)
+
+
+@pytest.mark.parametrize("free", [-0.5, 0.0, 0.1, 0.25, 0.5, 0.9, 1.0, 1.2])
+def test_the_budget_grows_as_the_rest_of_the_machine_leaves_less_free(free):
+    budget = ray_budget(9.0, free)
+    assert budget == 9.0 / min(1.0, max(MIN_FREE_SHARE, free))
+    assert 9.0 <= budget <= 9.0 / MIN_FREE_SHARE and (budget == 9.0) is (free >= 1.0)
+
+
+def test_the_free_share_counts_what_other_processes_used():
+    cores = os.cpu_count()
+    assert free_share(0.0, 2.0) == 1.0 and free_share(2.0 * cores, 2.0) == 0.0
+    assert free_share(cores, 2.0) == pytest.approx(0.5)
+
+
+def test_beside_busy_processes_the_driver_wants_no_ray_sooner(setup, tmp_path):
+    """Busy loops on every core while the driver packs window 0 (then it waits: the held rows'
+    bound): the rest of the machine left under half of it free, so a budget of 0.6 x the time
+    the windows left would take at its pace is grown past it (no Ray), and one under
+    MIN_FREE_SHARE of that is not (Ray)."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.5)  # they run
+        head, thread = start(setup, tmp_path, max_held_tokens=1)
+        with head._cond:
+            assert head._cond.wait_for(lambda: head._packed == 1, 60)
+    finally:
+        for p in busy:
+            p.kill()
+    assert free_share(head._pack_others, head._pack_seconds) < 0.5, "the busy loops were seen"
+    left = (setup[1].num_windows - 1) * head._pack_seconds  # the windows left at its pace
+    assert head.wants_ray(0.6 * left) is False
+    assert head.wants_ray(0.9 * MIN_FREE_SHARE * 0.6 * left) is True
     head.abandon()
     thread.join(30)
 
