@@ -98,7 +98,7 @@ class HeadStart:
         self._end_row = 0  # where window _packed - 1 ends
         self._pack_seconds = 0.0  # spent packing windows 0 .. _packed - 1
         self._pack_others = 0.0  # CPU seconds the rest of the machine used meanwhile
-        self._first_began: tuple[float, float] | None = None  # when the driver began its first window
+        self._first_began: tuple[float, float] | None = None  # window 0's start: wall clock, others' CPU
         self._ledger: RowLedger | None = None  # set at the hand-over: claims go through it
         self._lost = False  # an actor claimed the window the driver wanted next: it stops
         self._released = False
@@ -219,10 +219,11 @@ class HeadStart:
         """Before any Ray: would packing actors finish sooner than the driver alone? True once
         the windows left would take the driver longer than ``budget_s`` (default: Ray's start
         and the actors', ``RAY_START_S + ACTORS_START_S``, over the share of the machine the
-        rest of it left free meanwhile: ``ray_budget``) at its pace: its windows' so far, or, while its first window is
-        packing, at least the time that window has taken for each window after it. False when
-        the driver would be done sooner, is done, or failed (its error: ``self.error``). Waits
-        until it knows (for a large run: a fraction of the first window)."""
+        other processes left free meanwhile: ``ray_budget``) at its pace: its windows' so far,
+        or, while its first window is packing, at least the time that window has taken for
+        each window after it. False when the driver would be done sooner, is done, or failed
+        (its error: ``self.error``). Waits until it knows (for a large run: a fraction of the
+        first window)."""
         budget_s = RAY_START_S + ACTORS_START_S if budget_s is None else budget_s
         n = self.plan.num_windows
         with self._cond:
