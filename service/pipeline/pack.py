@@ -14,11 +14,11 @@ valid sample refused), then Ray Data's import; a check that fails shuts that Ray
 its error is raised. With the driver's head start (head_start.py) the driver packs the first
 windows from the end of its checks, and an embedded Ray starts only after them, when its
 packing actors would finish sooner than the driver alone (no Ray for a small run; Ray Data is
-imported only if packing actors start). A cluster to join is joined
-before the plan (its nodes scan). A previous output is removed (``overwrite``), and anything
-written to the output, only once all of them, Ray and the placement of the packing actors
-(when Ray starts) passed. The output may be a local directory or a URI (``s3://bucket/prefix``): packed/writer.py
-says how it is written. The packing actors write the rows (one part file per window, numbered
+imported only if packing actors start). A cluster to join is joined before the plan (its
+nodes scan). A previous output is removed (``overwrite``), and anything written to the output,
+only once all of them, Ray and the placement of the packing actors (when Ray starts) passed.
+The output may be a local directory or a URI (``s3://bucket/prefix``): packed/writer.py says
+how it is written. The packing actors write the rows (one part file per window, numbered
 in stream order: the driver holds only the rows of its head start), on a store or a Ray of one
 node (``_actors_write``: a local output of a multi-node cluster is the driver's disk, and the
 driver writes it); the driver lists the part files before they exist, sums the windows'
@@ -149,9 +149,10 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
 
     Ray starts in the main thread: its processes get the kernel's parent-death signal when the
     thread that started them ends, and its driver shuts down slowly (measured: 10 s more) from
-    another thread than the one that started it. A check that fails shuts the Ray down before
-    its error is raised (a refused command leaves no Ray; it answers once Ray is up, seconds
-    later than a check alone: the price of the overlap); a check's error comes before Ray's."""
+    another thread than the one that started it. Without a head start a check that fails shuts
+    the Ray down before its error is raised (a refused command leaves no Ray; it answers once
+    Ray is up, seconds later than a check alone: the price of the overlap); a check's error
+    comes before Ray's."""
     from packfeed.service.pipeline.raycluster import init_ray, ray_initialised, shutdown_ray
 
     if ray_initialised():  # this process's own Ray (tests, Ray jobs): no start to overlap
