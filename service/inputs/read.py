@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+import msgspec
 import numpy as np
 
 from packfeed.service import storage
@@ -44,6 +45,14 @@ from packfeed.service.inputs.records import (
     Skip,
 )
 from packfeed.service.storage.errors import DENIED, NOT_FOUND
+
+
+# JSONL lines: msgspec's decoder, ~2x json.loads on 4 KB lines (bench/bench_tokenize.py's stage
+# table: "read"). It gives json.loads's values for every line it accepts (Python ints of any
+# size, the same floats and strings, the last of duplicate keys) and refuses the lines json.loads
+# either accepts differently (NaN, 1e400, a lone surrogate escape) or refuses: those, and every
+# line that is not an object, go through json.loads, so a skip keeps its reason and detail.
+_decode_json = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True)
@@ -306,6 +315,19 @@ def _column_values(column: Any) -> list:
 
 
 def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any], *, bom: bool) -> Any:
+    try:  # msgspec decodes the bytes as they are; whatever it refuses, json.loads judges below
+        obj = _decode_json(line)
+    except (msgspec.DecodeError, ValueError, RecursionError):  # ValueError: a string that is not UTF-8
+        obj = _json_object(line, bom=bom)
+    else:
+        if not isinstance(obj, dict):
+            obj = _json_object(line, bom=bom)
+    return parse(_JsonFields(obj))
+
+
+def _json_object(line: bytes, *, bom: bool) -> dict:
+    """The line's JSON object by the standard library (the reference), or the InvalidRecord that
+    says why it is not one."""
     if not line or line.isspace():  # the same ASCII whitespace as bytes.strip, without copying the line
         raise InvalidRecord(BLANK_LINE, "blank line")
     try:
@@ -320,7 +342,7 @@ def _parse_jsonl_line(line: bytes, parse: Callable[[Callable[[str], Any]], Any],
         raise InvalidRecord(MALFORMED_JSON, str(e)[:200]) from None
     if not isinstance(obj, dict):
         raise InvalidRecord(NOT_AN_OBJECT, f"a JSON {type(obj).__name__}, expected an object")
-    return parse(_JsonFields(obj))
+    return obj
 
 
 def _text_rows(piece: Piece) -> Iterator[Row]:
