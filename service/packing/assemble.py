@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of
+from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of, take_runs
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PAIR_CHOSEN, PAIR_NONE, PAIR_REJECTED, PackedRows
 
 from .types import Packing
@@ -102,24 +102,18 @@ def assemble_rows(
     out_seq_lens[pad_dest] = seq_len - row_fill[pad_rows]
     out_sample_ids[pad_dest] = PAD_SAMPLE_ID
 
-    # Where every slot reads from: the source tokens of each segment, one segment after the
-    # other (rows are full once padding is counted, so all slots are covered in order).
-    # Padding reads from token 0 and is overwritten below.
-    src_start = np.zeros(num_out, dtype=np.int64)
+    # Every slot's token: the source tokens of each segment, one segment after the other (rows
+    # are full once padding is counted), padding read from a block of pad tokens placed after
+    # the sources. take_runs copies whole segments as slices.
+    src_start = np.full(num_out, len(tokens), dtype=np.int64)
     src_start[real_dest] = sample_offsets[seg_sample] + seg_start
     slot_start = starts_of(out_seq_lens)
-    index = concat_ranges(src_start, out_seq_lens, dtype=np.intp)  # intp: np.take would convert int32
-    # Every real index is in range by construction and padding is overwritten below, so
-    # mode="wrap" is safe; it skips numpy's per-element bounds check (about 2x faster).
-    input_ids = np.take(tokens.astype(np.int32, copy=False), index, mode="wrap")
-    out_labels = np.take(labels.astype(np.int32, copy=False), index, mode="wrap")
-    del index
-    pad_slots = concat_ranges(slot_start[pad_dest], out_seq_lens[pad_dest])
-    input_ids[pad_slots] = pad_id
-    out_labels[pad_slots] = IGNORE_INDEX
+    pad = int(out_seq_lens[pad_dest].max()) if len(pad_dest) else 0
+    input_ids = take_runs(_then(tokens, pad, pad_id), src_start, out_seq_lens)
+    out_labels = take_runs(_then(labels, pad, IGNORE_INDEX), src_start, out_seq_lens)
     out_labels[slot_start[real_dest]] = IGNORE_INDEX  # the first token of every segment
     # Positions restart at every segment: seq_lens [3, 2] -> [0, 1, 2, 0, 1].
-    positions = concat_ranges(np.zeros(num_out, np.int64), out_seq_lens, dtype=np.int32)
+    positions = take_runs(np.arange(seq_len, dtype=np.int32), np.zeros(num_out, np.int64), out_seq_lens)
 
     shape = (num_rows, seq_len)
     return PackedRows(
@@ -132,6 +126,14 @@ def assemble_rows(
         row_index=first_row_index + np.arange(num_rows, dtype=np.int64),
         pair_roles=out_roles,
     )
+
+
+def _then(values: np.ndarray, n: int, fill: int) -> np.ndarray:
+    """``values`` as int32, then ``n`` copies of ``fill``."""
+    out = np.empty(len(values) + n, dtype=np.int32)
+    out[: len(values)] = values
+    out[len(values):] = fill
+    return out
 
 
 def _split_pairs(seg_sample, seg_start, seg_len, seg_counts, sample_offsets, pair_chosen_lens):

@@ -94,7 +94,10 @@ class WindowStats:
     storage: StorageCounts = field(default_factory=StorageCounts)  # its reads' requests to object stores
 
     def source(self, index: int) -> Counts:
-        return self.sources.setdefault(index, Counts())
+        counts = self.sources.get(index)
+        if counts is None:
+            counts = self.sources[index] = Counts()
+        return counts
 
     def note_tokenizer(self, tokenizer: Any) -> None:
         """Count this window under the back-end that tokenized it (``SampleTokenizer.backend``);

@@ -11,11 +11,13 @@ first, and a trainer should not see all long samples at once.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from packfeed.client.offsets import offsets_of, run_sums
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
@@ -161,8 +163,8 @@ def window_stats(spec: WindowSpec, raw: RawWindow, samples: TokenizedSamples, pa
         c.tokens, c.trained_tokens = int(tokens[s]), int(trained[s])
     for skip, s in zip(skips, skip_sources.tolist()):
         stats.source(s).skipped[skip.reason] += 1
-    for record, s in zip(raw.records, record_sources):
-        stats.source(s).formats[record_format(record)] += 1
+    for (s, fmt), n in Counter(zip(record_sources, map(record_format, raw.records))).items():
+        stats.source(s).formats[fmt] += n
     for s, c in stats.sources.items() if pair_counts is not None else ():
         if c.formats["preference"]:  # the sources that read pairs (the others keep no pair counts)
             c.pairs.update({"read": c.formats["preference"], **{k: int(v[s]) for k, v in pair_counts.items()}})
@@ -191,10 +193,7 @@ def _segment_tokens(rows: PackedRows, plan: StreamPlan, num_sources: int) -> tup
         return zeros, zeros
     sources = plan.source_of(rows.sample_ids[real])
     tokens = np.bincount(sources, weights=rows.seq_lens[real], minlength=num_sources)
-    # the segments tile the rows in order: a segment's trained tokens are a difference of the
-    # running count at its two ends
-    trained_so_far = np.concatenate([[0], np.cumsum(rows.labels.reshape(-1) != IGNORE_INDEX, dtype=np.int64)])
-    bounds = np.concatenate([[0], np.cumsum(rows.seq_lens, dtype=np.int64)])
-    trained_per_segment = trained_so_far[bounds[1:]] - trained_so_far[bounds[:-1]]
+    # the segments tile the rows in order
+    trained_per_segment = run_sums(rows.labels.reshape(-1) != IGNORE_INDEX, offsets_of(rows.seq_lens))
     trained = np.bincount(sources, weights=trained_per_segment[real], minlength=num_sources)
     return tokens.astype(np.int64), trained.astype(np.int64)

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from packfeed.client.offsets import concat_ranges, offsets_of, starts_of
+from packfeed.client.offsets import offsets_of, starts_of, take_runs
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.data.config import LOSS_MODES
 from packfeed.service.inputs.read import RawWindow
@@ -391,8 +391,9 @@ def _merge(groups: list[_Group]) -> _Group:
     trained = np.concatenate([g.trained for g in groups])
     order = np.argsort(positions, kind="stable")
     new_lengths = lengths[order]
-    src = concat_ranges(starts_of(lengths)[order], new_lengths)  # each sample's tokens, in the new order
-    merged = _Group(positions[order], new_lengths, ids[src], trained[src])
+    new_starts = starts_of(lengths)[order]  # each sample's tokens, in the new order
+    merged = _Group(positions[order], new_lengths, take_runs(ids, new_starts, new_lengths),
+                    take_runs(trained, new_starts, new_lengths))
     if any(g.chosen_lens is not None for g in groups):
         zeros = [np.zeros(len(g.positions), np.int64) for g in groups]
         merged.chosen_lens = np.concatenate([z if g.chosen_lens is None else g.chosen_lens

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of
+from packfeed.client.offsets import SLICED_RUN, concat_ranges, offsets_of, run_sums, starts_of, take_runs
 
 LENGTHS = [
     pytest.param([], id="empty"),
@@ -68,11 +68,13 @@ def test_a_bool_mask_counts_its_true_entries():
     assert offsets_of(mask).tolist() == [0, 1, 1, 2, 3]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(-50, 50), max_size=6), max_size=8))
-def test_run_sums_equal_per_run_sums(runs):
-    values = np.asarray([v for run in runs for v in run], dtype=np.int64)
-    splits = offsets_of([len(run) for run in runs])
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(-50, 50), max_size=6), max_size=8), st.integers(0, 3), st.integers(0, 3))
+def test_run_sums_equal_per_run_sums(runs, before, after):
+    """Also where the runs cover only part of ``values`` (``before`` values ahead of the first,
+    ``after`` past the last): those are in no run."""
+    values = np.asarray([7] * before + [v for run in runs for v in run] + [9] * after, dtype=np.int64)
+    splits = before + offsets_of([len(run) for run in runs])
     got = run_sums(values, splits)
     assert got.tolist() == [sum(run) for run in runs]  # empty runs sum to 0
     assert got.dtype == np.int64 and len(got) == len(runs)
@@ -110,3 +112,23 @@ def test_concat_ranges_equals_concatenated_aranges(runs):
         got = concat_ranges(starts, lengths, dtype=dtype)
         assert got.tolist() == expected
         assert got.dtype == dtype
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 200)), max_size=12), st.integers(0, 5))
+def test_take_runs_equals_the_index_gather(runs, spare):
+    """Short and long runs alike (the two ways take_runs copies: SLICED_RUN), in any order."""
+    size = max([s + n for s, n in runs], default=0) + spare
+    values = np.arange(size, dtype=np.int32) * 3 + 1
+    starts = [s for s, _ in runs]
+    lengths = [n for _, n in runs]
+    got = take_runs(values, starts, lengths)
+    assert got.dtype == values.dtype
+    assert got.tolist() == values[concat_ranges(starts, lengths)].tolist()
+
+
+@pytest.mark.parametrize("length", [1, SLICED_RUN * 2], ids=["gathered", "sliced"])
+def test_take_runs_refuses_a_run_past_the_values(length):
+    values = np.zeros(length + 3, dtype=np.int32)
+    with pytest.raises(IndexError):
+        take_runs(values, [0, 4], [length, length])
