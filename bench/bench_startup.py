@@ -15,7 +15,9 @@ actor per CPU), as a user runs it (the driver's head start: it packs from the en
 checks, and Ray starts only if its actors would finish sooner: "no Ray" otherwise) and with
 ``--no-head-start`` (every window on the actors): whole-run tokens/s per core and the HF /
 fast ratio of whole-run seconds, the actors' steady tokens/s per packing core,
-``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
+each of the raw files alone (text, chat) with the fast back-end and ``--no-head-start``: its
+actors' steady rate per core against raw quicktok on that file (the goal holds for text and
+chat alike), ``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
 goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
 (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
 for 10 steps: seconds from the command's start to its first logged step, and the data wait of
@@ -142,6 +144,15 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
                          f"{whole:,.0f}", "", f"{whole / rate['hf']:.2f}", f"{whole / rate['fast']:.2f}",
                          f"{stats['first_row_seconds']:.2f}", *ray_columns(stats)])  # fmt: skip
             phases[backend + mode] = stats.get("startup_seconds", {})
+    if "fast" in backends and len(raw_files) > 1:  # the goal holds for text and chat alike: each alone
+        for f, fast_raw in zip(raw_files, raw["fast"]):
+            stats, _, _ = pack([f], tokenizer, seq_len, "fast", work / "out-one", window_samples, cache,
+                               "--no-head-start")
+            if stats.get("steady_tokens_per_second"):
+                steady, own = stats["steady_tokens_per_second"] / cores, fast_raw["tokens"] / fast_raw["seconds"]
+                rows.append([f"packfeed pack, fast, actors alone, {f.stem} alone: actors' steady per core "
+                             f"(x raw quicktok on {f.stem}: {steady / own:.2f})", f"{steady:,.0f}", "",
+                             f"{steady / rate['hf']:.2f}", f"{steady / rate['fast']:.2f}", "", "", ""])  # fmt: skip
     if {"hf", "fast"} <= set(backends):
         rows.append([f"whole run, HF seconds / fast seconds: {walls['hf', ''] / walls['fast', '']:.2f} "
                      f"(actors alone: {walls['hf', ', actors alone'] / walls['fast', ', actors alone']:.2f})",

@@ -4,9 +4,9 @@ Every input, a local path or a URI (``s3://``, ``gs://``, ...), is opened throug
 ``packfeed.service.storage``: on a store every read is a ranged GET, retried and counted
 (``storage.COUNTERS``); a local file is read through pyarrow's local filesystem by the same
 code. Measured on a 200 MB JSONL file (1 KB lines, 2 shared cores): windows of 8,192 rows read
-and ``json.loads``-ed in 0.64 s, as with Python's ``open`` and line iteration; splitting the
-lines alone costs ~0.5 ms/MB more (0.17-0.25 s against 0.10 s), shuffled blocks of 64 rows
-the same as before.
+and ``json.loads``-ed (read.py now decodes with msgspec) in 0.64 s, as with Python's ``open``
+and line iteration; splitting the lines alone costs ~0.5 ms/MB more (0.17-0.25 s against
+0.10 s), shuffled blocks of 64 rows the same as before.
 
 What reading costs on a store (a request is a round trip, ~10-100 ms on S3):
 
