@@ -52,7 +52,10 @@ def run_sums(
     starts = splits[:-1]
     nonempty = splits[1:] > starts
     if nonempty.any():
-        values = np.asarray(values)[: splits[-1]]
+        values = np.asarray(values)
+        if int(splits[-1]) > len(values):
+            raise IndexError(f"the runs end at {int(splits[-1])}, past the {len(values)} values")
+        values = values[: splits[-1]]
         out[nonempty] = np.add.reduceat(values, starts[nonempty], dtype=dtype)
     return out
 
@@ -89,13 +92,15 @@ def take_runs(values: np.ndarray, starts: np.ndarray | Sequence[int], lengths: n
     (a window's samples in a new order, say). Runs of ``SLICED_RUN`` values or more on average
     (samples of hundreds of tokens) are copied as slices, one np.concatenate: O(runs) Python
     and one copy, ~5x the index gather's speed on 1.5M tokens in 2,000 runs; shorter runs are
-    gathered through their indices. IndexError when a run reaches past ``values``."""
+    gathered through their indices. IndexError when a run starts before 0 or ends past ``values``
+    (either way: no wrap-around)."""
     values = np.asarray(values)
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    nonempty = lengths > 0
+    if nonempty.any() and (int(starts[nonempty].min()) < 0 or int((starts + lengths)[nonempty].max()) > len(values)):
+        raise IndexError(f"a run lies outside the {len(values)} values")
     total = int(lengths.sum())
     if len(lengths) * SLICED_RUN >= total:  # (no runs at all: an empty gather)
         return values[concat_ranges(starts, lengths)]
-    if len(lengths) and (int(starts.min()) < 0 or int((starts + lengths).max()) > len(values)):
-        raise IndexError(f"a run reaches past the {len(values)} values")
     return np.concatenate([values[a:a + n] for a, n in zip(starts.tolist(), lengths.tolist())])

@@ -127,8 +127,15 @@ def test_take_runs_equals_the_index_gather(runs, spare):
     assert got.tolist() == values[concat_ranges(starts, lengths)].tolist()
 
 
-@pytest.mark.parametrize("length", [1, SLICED_RUN * 2], ids=["gathered", "sliced"])
-def test_take_runs_refuses_a_run_past_the_values(length):
+@pytest.mark.parametrize("length", [1, SLICED_RUN * 3], ids=["gathered", "sliced"])
+@pytest.mark.parametrize("second_start", [4, -1], ids=["past-the-end", "before-0"])
+def test_take_runs_refuses_a_run_outside_the_values(length, second_start):
     values = np.zeros(length + 3, dtype=np.int32)
     with pytest.raises(IndexError):
-        take_runs(values, [0, 4], [length, length])
+        take_runs(values, [0, second_start], [length, length])
+    assert take_runs(values, [0, 99], [length, 0]).tolist() == [0] * length  # an empty run reads nothing
+
+
+def test_run_sums_refuses_runs_past_the_values():
+    with pytest.raises(IndexError):
+        run_sums(np.ones(4, np.int64), [0, 2, 5])
