@@ -87,7 +87,9 @@ def concat_ranges(starts: np.ndarray | Sequence[int], lengths: np.ndarray | Sequ
 SLICED_RUN = 64  # mean run length from which take_runs copies slices rather than gathering by index
 
 
-def take_runs(values: np.ndarray, starts: np.ndarray | Sequence[int], lengths: np.ndarray | Sequence[int]) -> np.ndarray:
+def take_runs(
+    values: np.ndarray, starts: np.ndarray | Sequence[int], lengths: np.ndarray | Sequence[int]
+) -> np.ndarray:
     """``values[concat_ranges(starts, lengths)]``: the runs of ``values`` one after the other
     (a window's samples in a new order, say). Runs of ``SLICED_RUN`` values or more on average
     (samples of hundreds of tokens) are copied as slices, one np.concatenate: O(runs) Python
