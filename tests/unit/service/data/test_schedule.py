@@ -211,12 +211,14 @@ def test_an_entry_changes_no_window_before_its_own(case):
 
 
 @settings(max_examples=100, deadline=None)
-@given(counts=st.lists(st.integers(1, 10**9), min_size=1, max_size=5), window=st.integers(64, 8192),
+@given(counts=st.lists(st.integers(1, 2_000_000), min_size=1, max_size=5), window=st.integers(64, 8192),
        epochs=st.integers(1, 4))
 def test_no_schedule_is_the_plain_window_bounds_every_epoch(counts, window, epochs):
-    base = window_bounds(counts, window)
-    if (len(base) - 1) * epochs > 20_000:
+    """Counts of up to 2M per source: most examples stay under 20,000 windows and are checked
+    (counts of 10^9 made every example a table of 10^5-10^7 windows, built and then skipped)."""
+    if -(-sum(counts) // window) * epochs > 20_000:
         return
+    base = window_bounds(counts, window)
     plan = build(counts, window, epochs, [])
     assert len(plan.runs) == 1 and plan.runs[0].bounds is plan.base_bounds
     k = len(base) - 2 + (len(base) - 1) * (epochs - 1)  # a window of the last epoch
