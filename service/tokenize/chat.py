@@ -13,15 +13,23 @@ That needs a prefix-preserving template (rendering a prefix of the conversation 
 of the text); a template that is not raises ``ChatTemplateError``. Templates WITH
 ``{% generation %}`` markers use them instead, as TRL does.
 
-Cost: 1 + 2 x (assistant turns) compiled-template renders per conversation when only assistant
-turns are trained, one render under ``loss="all"``: ~9 us for a one-message prefix and ~20 us for
-four messages with Qwen2.5's template (the sandboxed template's own work; most of what is left of
-a chat sample's Python cost per token, bench/bench_tokenize.py).
+Cost: 1 + 2 x (assistant turns) renders per conversation when only assistant turns are trained,
+one render under ``loss="all"``. Through transformers' compiled Jinja template a render takes ~9 us
+for a one-message prefix and ~20 us for four messages with Qwen2.5's template: as much time as
+encoding the chat. Known templates are therefore rendered in Python (``ChatML``, ~1 us), picked
+by the template's exact text (``known_template``) and only for the messages whose rendering they
+reproduce (string contents, known roles, no tools or tool calls); everything else, and every
+template not known, goes through Jinja. The equality is proven by a sweep against Jinja in the
+tests (tests/unit/service/tokenize/test_chat_native.py) and checked again on every run: the
+driver renders the probed conversations both ways, and a difference sends the whole run through
+Jinja (``SampleTokenizer.check_chat_template``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from packfeed.service.inputs.read import RawWindow
@@ -34,27 +42,100 @@ class ChatTemplateError(ValueError):
     """The tokenizer's chat template cannot give the loss mask asked for."""
 
 
+@dataclass(frozen=True)
+class ChatML:
+    """A ChatML chat template, rendered in Python: each message as
+    ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, then ``<|im_start|>assistant\\n`` when a
+    generation prompt is asked for. ``default_system``: the system turn the template writes
+    first when ``messages[0]`` is not a system message (Qwen2.5's); such a template also fails
+    on an empty conversation (it reads ``messages[0]``). ``roles``: the roles it renders in
+    that form (None: any string)."""
+
+    name: str
+    default_system: str | None = None
+    roles: frozenset[str] | None = None
+
+    def accepts(self, messages: list, tools: list | None) -> bool:
+        """Whether this renders ``messages`` exactly as the template does: a non-empty list of
+        dicts with string ``role`` (one of ``roles``) and ``content``, no ``tool_calls``, no tools."""
+        if tools or not messages:
+            return False
+        roles = self.roles
+        for m in messages:
+            if type(m) is not dict or m.get("tool_calls"):
+                return False
+            role = m.get("role")
+            if type(role) is not str or type(m.get("content")) is not str or (roles is not None and role not in roles):
+                return False
+        return True
+
+    def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+        """The template's text for ``messages`` (accepted ones, or an empty prefix)."""
+        parts = []
+        if self.default_system is not None:
+            if not messages:
+                raise ValueError(f"the {self.name} template reads messages[0]: an empty conversation fails")
+            if messages[0]["role"] != "system":
+                parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+        parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+        if generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+
+
+# Templates rendered in Python, by the SHA-256 of their text (one trailing newline dropped: Jinja
+# drops it). The tests recompute each hash from the template's source.
+KNOWN_TEMPLATES: dict[str, ChatML] = {
+    # packfeed's bundled tokenizer (service/assets/build.py: CHATML_TEMPLATE)
+    "17762d2e5131cb2a950db7dd5700c50095547773d3302b52baebe9ae32257a55": ChatML("chatml"),
+    # Qwen2.5 (and -Instruct), as TRL ships it (trl/chat_templates/qwen2_5.jinja)
+    "55b2f4a26ac9ee719330a61a0c39d9e538b0e9322212f048326318cff4f8674a": ChatML(
+        "qwen2.5", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+        frozenset(("system", "user", "assistant"))),
+}
+
+
+def template_hash(source: str) -> str:
+    """The key of ``source`` in ``KNOWN_TEMPLATES``."""
+    return hashlib.sha256(source.removesuffix("\n").encode()).hexdigest()
+
+
+def known_template(source: str | None) -> ChatML | None:
+    """The Python rendering of the chat template ``source``, if it is a known one."""
+    return None if source is None else KNOWN_TEMPLATES.get(template_hash(source))
+
+
 class ChatRenderer:
     """Renders conversations exactly as ``apply_chat_template(..., tokenize=False)`` does.
 
-    Uses transformers' compiled Jinja template directly, with the same template variables (the
-    special tokens map, ``tools``, ``documents=None``), and calls its render function on a
+    A known template (``known_template``) renders the messages it accepts in Python. Otherwise
+    transformers' compiled Jinja template is used directly, with the same template variables
+    (the special tokens map, ``tools``, ``documents=None``), its render function called on a
     context built from one prepared dict: ~13 us for a one-message prefix against ~30 us
     through ``Template.render`` and ~100 us through apply_chat_template (the per-call context
-    merging is most of a short render). Falls back to apply_chat_template if those internals move.
+    merging is most of a short render). Falls back to apply_chat_template if those internals
+    move. The template compiler (``transformers.utils.chat_template_utils``, ~0.5 s to import)
+    is imported on the first render that needs Jinja. ``native=False``: Jinja for everything.
     """
 
-    def __init__(self, tokenizer: Any, name: str) -> None:
+    def __init__(self, tokenizer: Any, name: str, *, native: bool = True) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(
                 f"tokenizer {name!r} has no chat template, and `messages` rows (or prompt/completion given as "
                 "messages) need one: give a tokenizer whose tokenizer_config.json (or chat_template.jinja) has one, "
                 "or rows of `text` or of string prompt/completion"
             )
-        self._tok, self._name = tokenizer, name
+        self._tok, self._name, self._native = tokenizer, name, native
+        self._known: dict[str, ChatML | None] = {}  # template -> its Python rendering, if known
+        self._loaded = False
         self._kwargs = dict(tokenizer.special_tokens_map)
         self._ctu = None
         self._compiled: dict[str, tuple[Any, dict[str, Any]]] = {}  # template -> (template, its fixed variables)
+
+    def _load_compiler(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
         try:
             from transformers.utils import chat_template_utils as ctu
         except ImportError:
@@ -67,7 +148,24 @@ class ChatRenderer:
     def _template(self, tools: list | None) -> str:
         return self._tok.get_chat_template(None, tools)
 
+    def native_for(self, messages: list, tools: list | None) -> ChatML | None:
+        """The Python rendering that gives ``messages`` (with ``tools``) the template's text, if any."""
+        if not self._native:
+            return None
+        source = self._template(tools)
+        known = self._known.get(source, False)
+        if known is False:
+            known = self._known[source] = known_template(source)
+        return known if known is not None and known.accepts(messages, tools) else None
+
     def render(self, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
+        native = self.native_for(messages, tools)
+        if native is not None:
+            return native.render(messages, generation_prompt)
+        return self._jinja(messages, tools, generation_prompt)
+
+    def _jinja(self, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
+        self._load_compiler()
         if self._ctu is None:
             return self._tok.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
@@ -85,68 +183,76 @@ class ChatRenderer:
         )
         return template.environment.concat(template.root_render_func(context))
 
-    def _plain(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None]:
-        """The template's inputs as transformers gives them: plain JSON types (its
-        ``_plain_template_data``), reasoning fields aliased. Messages of string fields only
-        (the common case: records.py built them from JSON) are already plain and pass as they are."""
-        if self._ctu is None:
-            return messages, tools
+    def _prepared(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None, Any]:
+        """The template's inputs and the render function for them: ``(messages, generation_prompt)
+        -> text``. A known template's accepted messages pass as they are; otherwise as
+        transformers gives them to Jinja: plain JSON types (its ``_plain_template_data``),
+        reasoning fields aliased. Messages of string fields only (the common case: records.py
+        built them from JSON) are already plain and are not copied."""
+        native = self.native_for(messages, tools)
+        if native is not None:
+            return messages, tools, native.render
+        self._load_compiler()
         ctu = self._ctu
-        if not all(type(v) is str for m in messages for v in m.values()):  # keys: from JSON objects, str
-            messages = ctu._plain_template_data(messages)
-        return ctu._alias_reasoning_fields(messages), None if tools is None else ctu._plain_template_data(tools)
+        if ctu is not None:
+            if not all(type(v) is str for m in messages for v in m.values()):  # keys: from JSON objects, str
+                messages = ctu._plain_template_data(messages)
+            messages = ctu._alias_reasoning_fields(messages)
+            tools = None if tools is None else ctu._plain_template_data(tools)
+        return messages, tools, lambda m, g=False: self._jinja(m, tools, g)
 
     def conversation(self, messages: list[dict], tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered text and the character spans of its assistant turns."""
-        messages, tools = self._plain(messages, tools)
+        messages, tools, render = self._prepared(messages, tools)
         if all_loss:
-            return self.render(messages, tools), []
+            return render(messages), []
         template = self._template(tools)
-        if self._ctu is not None and _GENERATION_TAG.search(template):
-            rendered, indices = self._ctu.render_jinja_template(
-                conversations=[messages], tools=tools, chat_template=template,
-                return_assistant_tokens_mask=True, **self._kwargs,
-            )  # fmt: skip
-            return rendered[0], [tuple(s) for s in indices[0]]
-        full = self.render(messages, tools)
+        if _GENERATION_TAG.search(template):
+            self._load_compiler()
+            if self._ctu is not None:
+                rendered, indices = self._ctu.render_jinja_template(
+                    conversations=[messages], tools=tools, chat_template=template,
+                    return_assistant_tokens_mask=True, **self._kwargs,
+                )  # fmt: skip
+                return rendered[0], [tuple(s) for s in indices[0]]
+        full = render(messages)
         spans = []
         last = len(messages) - 1
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            lo = self._prefix_length(messages[:i], tools, full, True)
-            hi = len(full) if i == last else self._prefix_length(messages[: i + 1], tools, full, False)
+            lo = self._prefix_length(render, messages[:i], full, True)
+            hi = len(full) if i == last else self._prefix_length(render, messages[: i + 1], full, False)
             if hi > lo:
                 spans.append((lo, hi))
         return full, spans
 
     def prompt_completion(self, prompt: list, completion: list, tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered prompt + completion and the span of the completion (after the generation prompt)."""
-        prompt, tools = self._plain(prompt, tools)
-        completion, _ = self._plain(completion, None)
-        full = self.render(prompt + completion, tools)
+        messages, tools, render = self._prepared(prompt + completion, tools)
+        full = render(messages)
         if all_loss:
             return full, []
-        return full, [(self._prefix_length(prompt, tools, full, True), len(full))]
+        return full, [(self._prefix_length(render, messages[: len(prompt)], full, True), len(full))]
 
     def preference(self, prompt: list, chosen: list, rejected: list, tools: list | None) -> tuple[str, str, str]:
         """A conversational preference pair as TRL's DPOTrainer renders it: the prompt with the
         generation prompt, prompt + chosen and prompt + rejected (tokens decide where the
         answers start: tokenize/pairs.py)."""
-        prompt, tools = self._plain(prompt, tools)
-        chosen, _ = self._plain(chosen, None)
-        rejected, _ = self._plain(rejected, None)
-        return (self.render(prompt, tools, True), self.render(prompt + chosen, tools),
-                self.render(prompt + rejected, tools))
+        texts = []
+        for messages, generation_prompt in ((prompt, True), (prompt + chosen, False), (prompt + rejected, False)):
+            messages, _, render = self._prepared(messages, tools)
+            texts.append(render(messages, generation_prompt))
+        return texts[0], texts[1], texts[2]
 
-    def _prefix_length(self, prefix: list[dict], tools: list | None, full: str, generation_prompt: bool) -> int:
+    def _prefix_length(self, render: Any, prefix: list[dict], full: str, generation_prompt: bool) -> int:
         if not prefix:  # a conversation that opens with the assistant
             try:
-                text = self.render(prefix, tools, generation_prompt)
+                text = render(prefix, generation_prompt)
             except Exception:
                 return 0
         else:
-            text = self.render(prefix, tools, generation_prompt)
+            text = render(prefix, generation_prompt)
         if not full.startswith(text):
             at = next((k for k, (a, b) in enumerate(zip(text, full)) if a != b), min(len(text), len(full)))
             raise ChatTemplateError(

@@ -41,6 +41,7 @@ fast; chat 1.7 s with HF, 0.25 s fast, of which 0.1 s is rendering.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ from packfeed.service.tokenize.encoders import Encoded
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
 from packfeed.service.tokenize.pairs import encode_pairs
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class TokenizedSamples:
@@ -101,6 +103,20 @@ class _Group:
     trained: np.ndarray  # bool [T]
     chosen_lens: np.ndarray | None = None  # int64 [m], pairs' chosen segments (0: no pair); None: no pairs
     prompt_lens: np.ndarray | None = None  # int64 [m]
+
+
+def _rendered(renderer: ChatRenderer, raw: RawWindow, i: int, all_loss: bool) -> Any:
+    """What packing gets from rendering record ``i`` of ``raw``: its text(s) and spans, or
+    the name of the exception the template raised (a skip). A ChatTemplateError is raised."""
+    r = raw.records[i]
+    try:
+        if type(r) is Preference:
+            return renderer.preference(r.prompt, r.chosen, r.rejected, r.tools)
+        return render_record(renderer, raw, i, all_loss)
+    except ChatTemplateError:
+        raise
+    except Exception as e:  # the template raised on this sample: a skip when packing, not the run's error
+        return type(e).__name__
 
 
 class SampleTokenizer:
@@ -154,6 +170,7 @@ class SampleTokenizer:
             raise ValueError(f"tokenizer {self.name!r} has neither a pad nor an eos token")
         self.loss, self.add_eos, self.strict = loss, add_eos, strict
         self._chat: ChatRenderer | None = None
+        self._native_chat = getattr(tokenizer, "native_chat", True)  # known chat templates rendered in Python (chat.py)
         self._encoders = EncoderChoice(
             self._backend, backend, name=self.name, threads=num_threads or _available_cpus(), probes=self._probe_texts,
             proof=getattr(tokenizer, "fast_proof", None),  # a ShippedTokenizer's: the driver's steps 1-3
@@ -168,7 +185,7 @@ class SampleTokenizer:
         without transformers, with the driver's steps 1-3 of the fast back-end's proof."""
         from packfeed.service.tokenize.shipped import ShippedTokenizer
 
-        return ShippedTokenizer.of(self._tok, self._encoders.proof())
+        return ShippedTokenizer.of(self._tok, self._encoders.proof(), native_chat=self._native_chat)
 
     @property
     def name(self) -> str:
@@ -217,28 +234,28 @@ class SampleTokenizer:
         check of the probed rows before Ray starts. Raises ``ChatTemplateError`` naming the first
         such row when the tokenizer has no chat template, or one that cannot locate its
         assistant turns; a row the template itself raises on is left to packing (a skip).
-        Returns the number of conversational samples. Cost: 1 + 2 x (assistant turns) renders
-        per conversational sample, no encoding."""
+        A known template's Python rendering (chat.py) is checked here against Jinja on every
+        such row: a difference is logged and the run (this tokenizer and what ``ship()`` gives
+        the actors) renders with Jinja. Returns the number of conversational samples. Cost:
+        1 + 2 x (assistant turns) renders per conversational sample each way, no encoding."""
         pos = [i for i, r in enumerate(raw.records) if type(r) is Conversation or
                (type(r) in (PromptCompletion, Preference) and type(r.prompt) is not str)]
         if not pos:
             return 0
         try:
-            renderer = ChatRenderer(self._tok, self.name)
+            jinja = ChatRenderer(self._tok, self.name, native=False)
         except ChatTemplateError as e:
             raise locate_error(e, raw, pos[0]) from None
         all_loss = (loss or self.loss) == "all"
+        native = ChatRenderer(self._tok, self.name) if self._native_chat else None
         for i in pos:
-            try:
-                r = raw.records[i]
-                if type(r) is Preference:
-                    renderer.preference(r.prompt, r.chosen, r.rejected, r.tools)
-                else:
-                    render_record(renderer, raw, i, all_loss)
-            except ChatTemplateError:
-                raise
-            except Exception:  # the template raised on this sample: a skip when packing, not the run's error
-                pass
+            expected = _rendered(jinja, raw, i, all_loss)
+            if native is not None and _rendered(native, raw, i, all_loss) != expected:
+                source, row = raw.spec.locate(int(raw.sample_ids[i]))
+                logger.warning("tokenizer %r: the Python rendering of its chat template differs from Jinja on %s row %d "
+                               "(a packfeed bug, please report it): this run renders every conversation with Jinja",
+                               self.name, source, row)  # fmt: skip
+                self._native_chat, self._chat, native = False, None, None
         return len(pos)
 
     def check_backend(self) -> str | None:
@@ -304,7 +321,7 @@ class SampleTokenizer:
 
     def _renderer(self) -> ChatRenderer:
         if self._chat is None:
-            self._chat = ChatRenderer(self._tok, self.name)
+            self._chat = ChatRenderer(self._tok, self.name, native=self._native_chat)
         return self._chat
 
     # ---- format groups ---------------------------------------------------------------------

@@ -11,9 +11,10 @@ with ``tokenizers`` alone: no ``import transformers`` (1.6 s per process on this
 torch included), no quicktok import or stress texts (~2 s for a 150k vocabulary). Step 4 of
 the proof (the actor's first window through both back-ends) still runs in every actor.
 
-Chat rendering (chat.py) reads the templates from here and renders them with transformers'
-template compiler (``transformers.utils.chat_template_utils``, 0.5 s to import, no torch),
-only in an actor that meets a conversation.
+Chat rendering (chat.py) reads the templates from here. Known templates (ChatML, Qwen2.5) are
+rendered in Python; others, and the messages those cannot render, with transformers' template
+compiler (``transformers.utils.chat_template_utils``, 0.5 s to import, no torch), imported only
+in an actor that needs it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class ShippedTokenizer:
 
     def __init__(self, *, name_or_path: str, backend_json: str, eos_token_id: int | None, pad_token_id: int | None,
                  vocab_size: int, special_tokens_map: dict, chat_template: Any, chat_templates: dict,
-                 fast_proof: FastProof | None) -> None:  # fmt: skip
+                 fast_proof: FastProof | None, native_chat: bool = True) -> None:  # fmt: skip
         self.name_or_path = name_or_path
         self.backend_json = backend_json
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
@@ -41,18 +42,21 @@ class ShippedTokenizer:
         self.chat_template = chat_template  # as the tokenizer has it: a str, {name: str}, or None
         self._chat_templates = chat_templates  # what get_chat_template(None, tools) gave: (template, error)
         self.fast_proof = fast_proof
+        self.native_chat = native_chat  # False: the driver saw chat.py's Python rendering differ from Jinja
         self._backend: Any = None
         self._full: Any = None
 
     @classmethod
-    def of(cls, tokenizer: Any, fast_proof: FastProof | None = None) -> ShippedTokenizer:
-        """The snapshot of ``tokenizer`` (a loaded ``PreTrainedTokenizerFast``) and the proof
-        of steps 1-3 run on its backend (``EncoderChoice.proof``)."""
+    def of(cls, tokenizer: Any, fast_proof: FastProof | None = None, *, native_chat: bool = True) -> ShippedTokenizer:
+        """The snapshot of ``tokenizer`` (a loaded ``PreTrainedTokenizerFast``), the proof
+        of steps 1-3 run on its backend (``EncoderChoice.proof``), and whether known chat
+        templates may be rendered in Python (chat.py)."""
         if isinstance(tokenizer, ShippedTokenizer):  # the driver's own, from a snapshot (snapshots.py)
-            if fast_proof is None or fast_proof is tokenizer.fast_proof:
+            if (fast_proof is None or fast_proof is tokenizer.fast_proof) and native_chat == tokenizer.native_chat:
                 return tokenizer
             shipped = copy.copy(tokenizer)
-            shipped.fast_proof = fast_proof
+            shipped.fast_proof = tokenizer.fast_proof if fast_proof is None else fast_proof
+            shipped.native_chat = native_chat
             shipped._backend = tokenizer._backend  # built already in this process (the copy drops it)
             return shipped
         templates = {}
@@ -71,6 +75,7 @@ class ShippedTokenizer:
             chat_template=getattr(tokenizer, "chat_template", None),
             chat_templates=templates,
             fast_proof=fast_proof,
+            native_chat=native_chat,
         )
         shipped._backend = tokenizer.backend_tokenizer  # this process's, shared (pickling drops it)
         return shipped

@@ -134,15 +134,17 @@ def test_the_drivers_proof_ships_with_the_snapshot_and_the_snapshot_keeps_none(c
     assert ShippedTokenizer.of(kept.tokenizer) is kept.tokenizer
 
 
-def test_a_second_process_loads_it_without_transformers_or_torch(cache):
+def test_a_second_process_loads_it_without_transformers_torch_or_jinja(cache):
     code = (
         "import sys\n"
         "from packfeed.service.tokenize.samples import load_tokenizer\n"
         f"tok = load_tokenizer({demo_tokenizer_path()!r}, snapshot=True, backend='fast')\n"
         "tok.check_backend()\n"
-        "# steps 1-3 render a chat probe: transformers' template compiler, not its tokenizers nor torch\n"
+        "# steps 1-3 render a chat probe, and the bundled ChatML template renders in Python (chat.py)\n"
+        "tok._renderer().conversation([{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'yo'}],\n"
+        "                             None, False)\n"
         "print(type(tok.tokenizer).__name__, 'transformers.tokenization_utils_base' in sys.modules,\n"
-        "      'torch' in sys.modules)\n"
+        "      'torch' in sys.modules, 'jinja2' in sys.modules)\n"
     )
     env = dict(os.environ, PACKFEED_CACHE_DIR=str(cache))
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
@@ -150,8 +152,8 @@ def test_a_second_process_loads_it_without_transformers_or_torch(cache):
     for run in runs:
         assert run.returncode == 0, run.stderr
     first, second = (run.stdout.strip().splitlines()[-1] for run in runs)
-    assert first.split()[1:] == ["True", "True"], first  # transformers' load, torch with it
-    assert second == "ShippedTokenizer False False"
+    assert first.split()[1:3] == ["True", "True"], first  # transformers' load, torch with it
+    assert second == "ShippedTokenizer False False False"  # nor transformers' template compiler
 
 
 def edit_config(directory: Path) -> None:
