@@ -42,6 +42,10 @@ class ChatTemplateError(ValueError):
     """The tokenizer's chat template cannot give the loss mask asked for."""
 
 
+_GENERATION_PROMPT = "<|im_start|>assistant\n"
+_TURN_MARKUP = len("<|im_start|>\n<|im_end|>\n")  # a turn's characters besides its role and content
+
+
 @dataclass(frozen=True)
 class ChatML:
     """A ChatML chat template, rendered in Python: each message as
@@ -79,8 +83,26 @@ class ChatML:
                 parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
         parts += [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
         if generation_prompt:
-            parts.append("<|im_start|>assistant\n")
+            parts.append(_GENERATION_PROMPT)
         return "".join(parts)
+
+    def conversation(self, messages: list[dict]) -> tuple[str, list]:
+        """``render(messages)`` and the spans of its assistant turns, in one render: what
+        ``ChatRenderer.conversation`` finds by rendering prefixes (from the end of the turn's
+        header to the end of the turn; from the start of the text for a conversation that opens
+        with the assistant, where the template fails on the empty prefix)."""
+        full = self.render(messages)
+        spans = []
+        end = len(full)
+        for i in range(len(messages) - 1, -1, -1):  # each turn's end is the next one's start
+            m = messages[i]
+            start = end - len(m["role"]) - len(m["content"]) - _TURN_MARKUP
+            if m["role"] == "assistant":
+                lo = 0 if i == 0 and self.default_system is not None else start + len(_GENERATION_PROMPT)
+                if end > lo:
+                    spans.append((lo, end))
+            end = start
+        return full, spans[::-1]
 
 
 # Templates rendered in Python, by the SHA-256 of their text (one trailing newline dropped: Jinja
@@ -183,15 +205,16 @@ class ChatRenderer:
         )
         return template.environment.concat(template.root_render_func(context))
 
-    def _prepared(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None, Any]:
-        """The template's inputs and the render function for them: ``(messages, generation_prompt)
-        -> text``. A known template's accepted messages pass as they are; otherwise as
+    def _prepared(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None, Any, ChatML | None]:
+        """The template's inputs, the render function for them (``(messages, generation_prompt)
+        -> text``) and the known template that renders them (None: Jinja). A known template's
+        accepted messages pass as they are; otherwise as
         transformers gives them to Jinja: plain JSON types (its ``_plain_template_data``),
         reasoning fields aliased. Messages of string fields only (the common case: records.py
         built them from JSON) are already plain and are not copied."""
         native = self.native_for(messages, tools)
         if native is not None:
-            return messages, tools, native.render
+            return messages, tools, native.render, native
         self._load_compiler()
         ctu = self._ctu
         if ctu is not None:
@@ -199,13 +222,15 @@ class ChatRenderer:
                 messages = ctu._plain_template_data(messages)
             messages = ctu._alias_reasoning_fields(messages)
             tools = None if tools is None else ctu._plain_template_data(tools)
-        return messages, tools, lambda m, g=False: self._jinja(m, tools, g)
+        return messages, tools, lambda m, g=False: self._jinja(m, tools, g), None
 
     def conversation(self, messages: list[dict], tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered text and the character spans of its assistant turns."""
-        messages, tools, render = self._prepared(messages, tools)
+        messages, tools, render, native = self._prepared(messages, tools)
         if all_loss:
             return render(messages), []
+        if native is not None:
+            return native.conversation(messages)
         template = self._template(tools)
         if _GENERATION_TAG.search(template):
             self._load_compiler()
@@ -229,7 +254,7 @@ class ChatRenderer:
 
     def prompt_completion(self, prompt: list, completion: list, tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered prompt + completion and the span of the completion (after the generation prompt)."""
-        messages, tools, render = self._prepared(prompt + completion, tools)
+        messages, tools, render, _ = self._prepared(prompt + completion, tools)
         full = render(messages)
         if all_loss:
             return full, []
@@ -241,7 +266,7 @@ class ChatRenderer:
         answers start: tokenize/pairs.py)."""
         texts = []
         for messages, generation_prompt in ((prompt, True), (prompt + chosen, False), (prompt + rejected, False)):
-            messages, _, render = self._prepared(messages, tools)
+            messages, _, render, _ = self._prepared(messages, tools)
             texts.append(render(messages, generation_prompt))
         return texts[0], texts[1], texts[2]
 

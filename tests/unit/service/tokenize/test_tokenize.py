@@ -462,7 +462,7 @@ def test_the_renderer_gives_apply_chat_templates_text(toks, template, tmp_path):
         for generation_prompt in (False, True):
             expected = tok.apply_chat_template(messages, tools=tools, tokenize=False,
                                                add_generation_prompt=generation_prompt)  # fmt: skip
-            prepared, _, render = renderer._prepared(messages, tools)
+            prepared, _, render, _ = renderer._prepared(messages, tools)
             assert render(prepared, generation_prompt) == expected
         assert renderer.conversation(messages, tools, True)[0] == tok.apply_chat_template(messages, tools=tools,
                                                                                            tokenize=False)
