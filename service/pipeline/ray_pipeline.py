@@ -79,6 +79,7 @@ class WindowActor:
 
         self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint
         self.source_names = [s.name for s in plan.sources]
+        self.threads, self.packed_windows = threads, 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         from packfeed.service.pipeline.window import process_window
@@ -89,6 +90,7 @@ class WindowActor:
             if self.sink is not None and self.sink.driver_claims and not self.sink.ledger.claim(int(k), "actors"):
                 tables.append(written_table(int(k), None, None, None, self._take_timings()))  # the driver's
                 continue
+            busy_from = time.perf_counter()
             faults.point("packer-window", int(k))
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
             self.metrics.record(stats, self.source_names)
@@ -100,7 +102,10 @@ class WindowActor:
             timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
-            tables.append(written_table(int(k), rows, name, stats, timings))
+            # the steady rate per core: CPU-seconds of this window, none for the actor's first (its proof, imports)
+            core_seconds = (time.perf_counter() - busy_from) * self.threads if self.packed_windows else None
+            self.packed_windows += 1
+            tables.append(written_table(int(k), rows, name, stats, timings, core_seconds))
         return pa.concat_tables(tables)
 
     def _take_timings(self) -> dict[str, float] | None:
@@ -117,7 +122,7 @@ def _process_created() -> float:
 
 
 def written_table(window: int, rows: PackedRows | None, file: str | None, stats: WindowStats | None,
-                  timings: dict[str, float] | None) -> pa.Table:
+                  timings: dict[str, float] | None, core_seconds: float | None = None) -> pa.Table:
     """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens
     (``rows`` and ``stats`` None: the driver packed that window, head_start.py)."""
     return pa.table({
@@ -125,6 +130,7 @@ def written_table(window: int, rows: PackedRows | None, file: str | None, stats:
         "tokens": pa.array([rows.num_real_tokens if rows else 0], pa.int64()), "file": pa.array([file], pa.string()),
         "stats": pa.array([None if stats is None else stats.to_json()], pa.string()),
         "timings": pa.array([None if timings is None else json.dumps(timings)], pa.string()),
+        "core_seconds": pa.array([core_seconds], pa.float64()),
     })  # fmt: skip
 
 
@@ -145,7 +151,8 @@ def window_table(window: int, rows: PackedRows, stats: WindowStats) -> pa.Table:
 class WrittenWindow:
     """One window a packing actor wrote to ``file`` (None: it has no row); ``timings``: the
     writing actor's start-up (wall clock), on its first window only. ``stats`` None: the
-    driver packed it (head_start.py), not an actor."""
+    driver packed it (head_start.py), not an actor. ``core_seconds``: the seconds the actor
+    spent on it (read to written) times its CPUs; None on the actor's first window."""
 
     window: int
     num_rows: int
@@ -153,6 +160,7 @@ class WrittenWindow:
     file: str | None
     stats: WindowStats | None
     timings: dict[str, float] | None
+    core_seconds: float | None = None
 
 
 @dataclass
@@ -256,7 +264,8 @@ class PackingPipeline:
                     if stats is not None:  # else the driver's window: its stats come with it
                         self._fold(stats)
                     timings = json.loads(row["timings"]) if row["timings"] is not None else None
-                    yield WrittenWindow(row["window"], row["rows"], row["tokens"], row["file"], stats, timings)
+                    yield WrittenWindow(row["window"], row["rows"], row["tokens"], row["file"], stats, timings,
+                                        row["core_seconds"])
 
     def _fold(self, stats: WindowStats) -> None:
         fold_window(self.stats, stats)

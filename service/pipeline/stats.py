@@ -341,8 +341,12 @@ def _time_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
            else "the actors packed one window: no steady rate")
     rate = (f"{steady:,.0f} steady, after the actors' first window ({overall:,.0f} overall, start-up included)"
             if steady else f"{overall:,.0f} overall, start-up included ({why})")
-    return [("seconds", f"{seconds:.2f} (start-up: first row at {stats['first_row_seconds']:.2f}{ray})"),
-            ("tokens/s", rate)]
+    lines = [("seconds", f"{seconds:.2f} (start-up: first row at {stats['first_row_seconds']:.2f}{ray})"),
+             ("tokens/s", rate)]
+    if stats.get("core_tokens_per_second"):
+        lines.append(("per packing core", f"{stats['core_tokens_per_second']:,.0f} tokens/s while packing "
+                      "(the actors' windows after their first: read to written, per CPU)"))
+    return lines
 
 
 def format_sources(sources: list[dict[str, Any]]) -> str:

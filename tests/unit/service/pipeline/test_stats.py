@@ -143,6 +143,14 @@ def test_a_stats_json_with_epochs_from_0_reads_as_one_from_1():
                   "tokens/s                     4,800,000 steady, after the actors' first window (254,545 overall, "
                   "start-up included)"],
                  id="steady-rate-first-start-up-beside"),
+    pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": 4_800_000.0,
+                  "core_tokens_per_second": 2_600_000.0},
+                 ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
+                  "tokens/s                     4,800,000 steady, after the actors' first window (254,545 overall, "
+                  "start-up included)",
+                  "per packing core             2,600,000 tokens/s while packing (the actors' windows after their "
+                  "first: read to written, per CPU)"],
+                 id="and-the-rate-per-packing-core"),
     pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": None},
                  ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
                   "tokens/s                     254,545 overall, start-up included (the actors packed one window: no "
@@ -168,7 +176,7 @@ def test_the_rate_of_a_short_run_is_not_mostly_start_up(timing, expected):
     run = RunStats(["a"], planned=[1])
     run.add(window(0, 0, {0: {"read": 1, "packed": 1, "tokens": 2_800_000, "rows": 5469}}))
     text = format_summary({**run.to_dict(seq_len=512, seconds=11.0), **timing})
-    assert [line for line in text.splitlines() if line.startswith(("seconds", "tokens/s"))] == expected
+    assert [line for line in text.splitlines() if line.startswith(("seconds", "tokens/s", "per packing core"))] == expected
 
 
 def test_counts_round_trip():
