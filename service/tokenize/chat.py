@@ -16,10 +16,11 @@ of the text); a template that is not raises ``ChatTemplateError``. Templates WIT
 Cost: 1 + 2 x (assistant turns) renders per conversation when only assistant turns are trained,
 one render under ``loss="all"``. Through transformers' compiled Jinja template a render takes ~9 us
 for a one-message prefix and ~20 us for four messages with Qwen2.5's template: as much time as
-encoding the chat. Known templates are therefore rendered in Python (``ChatML``, ~1 us), picked
-by the template's exact text (``known_template``) and only for the messages whose rendering they
-reproduce (string contents, known roles, no tools or tool calls); everything else, and every
-template not known, goes through Jinja. The equality is proven by a sweep against Jinja in the
+encoding the chat. Known templates are therefore rendered in Python (``ChatML``: a conversation
+and its spans in one render of a few microseconds), picked by the template's exact text
+(``known_template``) and only for the messages whose rendering they reproduce (string contents,
+known roles, no tools or tool calls); everything else, and every template not known, goes
+through Jinja. The equality is proven by a sweep against Jinja in the
 tests (tests/unit/service/tokenize/test_chat_native.py) and checked again on every run: the
 driver renders the probed conversations both ways, and a difference sends the whole run through
 Jinja (``SampleTokenizer.check_chat_template``).
