@@ -102,7 +102,7 @@ class WindowActor:
             timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
-            # the steady rate per core: CPU-seconds of this window, none for the actor's first (its proof, imports)
+            # for the rate per packing core: this window's CPU-seconds; none for the actor's first (proof, imports)
             core_seconds = (time.perf_counter() - busy_from) * self.threads if self.packed_windows else None
             self.packed_windows += 1
             tables.append(written_table(int(k), rows, name, stats, timings, core_seconds))

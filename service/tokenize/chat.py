@@ -20,10 +20,10 @@ encoding the chat. Known templates are therefore rendered in Python (``ChatML``:
 and its spans in one render of a few microseconds), picked by the template's exact text
 (``known_template``) and only for the messages whose rendering they reproduce (string contents,
 known roles, no tools or tool calls); everything else, and every template not known, goes
-through Jinja. The equality is proven by a sweep against Jinja in the
-tests (tests/unit/service/tokenize/test_chat_native.py) and checked again on every run: the
-driver renders the probed conversations both ways, and a difference sends the whole run through
-Jinja (``SampleTokenizer.check_chat_template``).
+through Jinja. The equality is proven by a sweep against Jinja in the tests
+(tests/unit/service/tokenize/test_chat_native.py) and checked again on every run: the driver
+renders the probed conversations both ways, and a difference sends the whole run through Jinja
+(``SampleTokenizer.check_chat_template``).
 """
 
 from __future__ import annotations
@@ -209,10 +209,10 @@ class ChatRenderer:
     def _prepared(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None, Any, ChatML | None]:
         """The template's inputs, the render function for them (``(messages, generation_prompt)
         -> text``) and the known template that renders them (None: Jinja). A known template's
-        accepted messages pass as they are; otherwise as
-        transformers gives them to Jinja: plain JSON types (its ``_plain_template_data``),
-        reasoning fields aliased. Messages of string fields only (the common case: records.py
-        built them from JSON) are already plain and are not copied."""
+        accepted messages pass as they are; otherwise they are what transformers gives Jinja:
+        plain JSON types (its ``_plain_template_data``), reasoning fields aliased. Messages of
+        string fields only (the common case: records.py built them from JSON) are already plain
+        and are not copied."""
         native = self.native_for(messages, tools)
         if native is not None:
             return messages, tools, native.render, native

@@ -64,6 +64,7 @@ from packfeed.service.tokenize.pairs import encode_pairs
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class TokenizedSamples:
     """Sample i: ``tokens[offsets[i]:offsets[i+1]]``, labels alike, id ``sample_ids[i]``.
