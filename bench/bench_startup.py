@@ -16,7 +16,7 @@ checks, and Ray starts only if its actors would finish sooner: "no Ray" otherwis
 ``--no-head-start`` (every window on the actors): whole-run tokens/s per core and the HF /
 fast ratio of whole-run seconds, the actors' steady tokens/s per core and their rate per packing
 core while packing (stats.json ``core_tokens_per_second``: the issue's "steady tokens/s per
-packing core"), each of the raw files alone (text, chat; three copies of it, for ~10 windows)
+packing core"), each of the raw files alone (text, chat; three copies of it: 8 windows for the 15M mix's)
 with the fast back-end and ``--no-head-start``: both rates against raw quicktok on that file
 (the goal holds for text and chat alike), ``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
 goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
@@ -116,7 +116,7 @@ ALONE_COPIES = 3
 
 
 def repeated(f: Path, copies: int) -> Path:
-    """``f``'s lines ``copies`` times over, for the per-format runs: ~10 windows. The steady rate
+    """``f``'s lines ``copies`` times over, for the per-format runs: more windows (8 for the 15M mix's files). The steady rate
     (tokens after the actors' first window over the time after it) counts the windows in flight
     at that instant as if packed after it: over the three or four windows of one format of the
     mix it read 0.19-0.33 x quicktok for chats from one run of the same code to the next. The
