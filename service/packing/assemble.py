@@ -1,8 +1,9 @@
 """Turn a ``Packing`` plus the samples' tokens into ``PackedRows`` (the row convention).
 
-Everything is a few whole-array numpy passes, no Python loop over rows or segments: one
-source index per slot (``concat_ranges``: a cumulative sum), one gather each for tokens and
-labels, then small scatters for padding and for the first label of every segment.
+Everything is a few whole-array numpy passes, no Python loop over rows: each slot's source run
+(a segment of a sample, or padding read from a block of pad tokens after the samples), one
+``take_runs`` each for tokens and labels (whole segments copied as slices when they are long,
+else one index gather), then a small scatter for the first label of every segment.
 
 Worked example, seq_len 4, pad_id 0, samples [5], [6, 7], [8, 9, 4] (global ids g0, g1, g2)
 packed by bfd as rows [sample 2, sample 0] and [sample 1], loss on every token::
