@@ -194,7 +194,7 @@ class FastEncoder:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.quick, self.reference = quick, reference
-        self.byte_lengths = np.asarray(byte_lengths, dtype=np.int64)
+        self.byte_lengths = np.asarray(byte_lengths, dtype=np.int32)  # half the bytes to gather per token
         self.prefix = np.asarray(prefix, dtype=np.int32)
         self.suffix = np.asarray(suffix, dtype=np.int32)
         self.nfc, self.threads = nfc, threads
@@ -218,7 +218,7 @@ class FastEncoder:
         except Exception:  # e.g. a lone surrogate: HF decides, text by text, with its own reason
             self.texts_by_reference += len(texts)
             return self.reference.encode(texts, special=special, edges=edges)
-        nbytes = self.byte_lengths[ids] if edges else None
+        nbytes = np.take(self.byte_lengths, ids) if edges else None
         if special and (len(self.prefix) or len(self.suffix)):
             lengths, ids, nbytes = _add_post_tokens(lengths, ids, nbytes, self.prefix, self.suffix)
         by_reference = {}
@@ -348,7 +348,7 @@ def _add_post_tokens(lengths, ids, nbytes, prefix: np.ndarray, suffix: np.ndarra
     out[dest] = ids
     out_bytes = None
     if nbytes is not None:
-        out_bytes = np.zeros(len(out), dtype=np.int64)
+        out_bytes = np.zeros(len(out), dtype=nbytes.dtype)
         out_bytes[dest] = nbytes
     if p:
         out[(new_starts[:, None] + np.arange(p)).ravel()] = np.tile(prefix, m)
@@ -359,17 +359,17 @@ def _add_post_tokens(lengths, ids, nbytes, prefix: np.ndarray, suffix: np.ndarra
 
 def _splice(lengths, ids, nbytes, replace: dict[int, Any]):
     """Replace the tokens of the texts in ``replace`` by their HF encodings' (byte lengths 0:
-    the HF encoding answers their edges)."""
+    the HF encoding answers their edges). The tokens between replaced texts are copied as
+    whole slices: the cost follows the few replaced texts, not the batch."""
     starts = starts_of(lengths)
     id_parts, byte_parts, new_lengths = [], [], lengths.copy()
-    for k in range(len(lengths)):
-        if k in replace:
-            own = np.asarray(replace[k].ids, dtype=np.int32)
-            id_parts.append(own)
-            byte_parts.append(np.zeros(len(own), dtype=np.int64))
-            new_lengths[k] = len(own)
-        else:
-            lo, hi = starts[k], starts[k] + lengths[k]
-            id_parts.append(ids[lo:hi])
-            byte_parts.append(nbytes[lo:hi])
+    done = 0  # tokens before this one are placed
+    for k in sorted(replace):
+        own = np.asarray(replace[k].ids, dtype=np.int32)
+        id_parts += (ids[done:starts[k]], own)
+        byte_parts += (nbytes[done:starts[k]], np.zeros(len(own), dtype=nbytes.dtype))
+        new_lengths[k] = len(own)
+        done = starts[k] + lengths[k]
+    id_parts.append(ids[done:])
+    byte_parts.append(nbytes[done:])
     return new_lengths, np.concatenate(id_parts), np.concatenate(byte_parts)

@@ -231,6 +231,26 @@ def test_fast_edges_equal_hf_at_every_character(qwen_tok):
     assert fast.texts_by_reference > 0  # the non-NFC text took the HF path for its edges
 
 
+@pytest.mark.parametrize("odd_at", [(0,), (4,), (0, 1), (2, 3), (0, 4), (0, 1, 2, 3, 4)])
+def test_texts_the_normalizer_changes_are_spliced_in_wherever_they_are(qwen_tok, odd_at):
+    """Texts NFC would change take HF's tokens and edges, the others keep quicktok's, at the
+    batch's start, end, side by side, all of them."""
+    backend = qwen_tok.backend_tokenizer
+    fast, _, _ = load_fast(backend, threads=1)
+    reference = HFEncoder(backend)
+    texts = [f"cafe\u0301 {k} 🪿 e\u0301" if k in odd_at else f"naïve {k} 🦩 word" for k in range(5)]
+    for special in (False, True):
+        fast.texts_by_reference = 0
+        ref, got = (e.encode(texts, special=special, edges=True) for e in (reference, fast))
+        assert fast.texts_by_reference == len(odd_at)
+        assert got.lengths.tolist() == ref.lengths.tolist() and np.array_equal(got.ids, ref.ids)
+        for c in range(max(map(len, texts)) + 1):
+            chars = [min(c, len(t)) for t in texts]
+            assert got.first_tokens(chars).tolist() == ref.first_tokens(chars).tolist(), c
+        spans = [[(0, 4), (5, len(t))] for t in texts]
+        assert got.span_tokens(spans) == ref.span_tokens(spans)
+
+
 # ---- bad input -------------------------------------------------------------------------------
 def test_text_the_tokenizer_refuses_is_the_same_skip_under_both(hf, fast):
     records = [
