@@ -271,7 +271,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
                         interval_s=progress_seconds)
     rows_written = tokens = samples_started = actors_first_tokens = driver_windows = 0
-    busy_tokens, core_seconds = 0, 0.0  # the actors' windows after each one's first: the rate per core
+    busy_tokens, core_seconds, cpu_seconds = 0, 0.0, 0.0  # the actors' windows after each one's first: rates per core
     first_row_at = first_row_wall = actors_first_at = None
     first_actor = None  # the start-up of the actor that wrote the first window (None: the driver did)
     first_by_driver = False
@@ -282,6 +282,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
             by_driver = isinstance(out, DriverWindow)
             if not by_driver and out.core_seconds:
                 busy_tokens, core_seconds = busy_tokens + out.tokens, core_seconds + out.core_seconds
+                cpu_seconds += out.cpu_seconds
             if out.window == 0:
                 first_actor, first_by_driver = out.timings, by_driver
             if by_driver:
@@ -329,6 +330,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     stats["steady_tokens_per_second"] = _steady_rate(tokens - actors_first_tokens, actors_first_at, end,
                                                      plan.num_windows - driver_windows)
     stats["core_tokens_per_second"] = busy_tokens / core_seconds if core_seconds else None
+    stats["cpu_tokens_per_second"] = busy_tokens / cpu_seconds if cpu_seconds else None
     stats["ray_init_seconds"] = None if ray.up is None else round(ray_init_seconds, 3)
     stats["num_workers"] = num_workers
     stats["driver_windows"] = driver_windows

@@ -90,7 +90,7 @@ class WindowActor:
             if self.sink is not None and self.sink.driver_claims and not self.sink.ledger.claim(int(k), "actors"):
                 tables.append(written_table(int(k), None, None, None, self._take_timings()))  # the driver's
                 continue
-            busy_from = time.perf_counter()
+            busy_from, cpu_from = time.perf_counter(), time.process_time()
             faults.point("packer-window", int(k))
             rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
             self.metrics.record(stats, self.source_names)
@@ -102,10 +102,13 @@ class WindowActor:
             timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
-            # for the rate per packing core: this window's CPU-seconds; none for the actor's first (proof, imports)
-            core_seconds = (time.perf_counter() - busy_from) * self.threads if self.packed_windows else None
+            # for the rates per packing core: this window's seconds (wall clock, times the actor's CPUs)
+            # and the CPU time this process spent on it; none for the actor's first (proof, imports)
+            spent = None
+            if self.packed_windows:
+                spent = ((time.perf_counter() - busy_from) * self.threads, time.process_time() - cpu_from)
             self.packed_windows += 1
-            tables.append(written_table(int(k), rows, name, stats, timings, core_seconds))
+            tables.append(written_table(int(k), rows, name, stats, timings, spent))
         return pa.concat_tables(tables)
 
     def _take_timings(self) -> dict[str, float] | None:
@@ -122,15 +125,17 @@ def _process_created() -> float:
 
 
 def written_table(window: int, rows: PackedRows | None, file: str | None, stats: WindowStats | None,
-                  timings: dict[str, float] | None, core_seconds: float | None = None) -> pa.Table:
+                  timings: dict[str, float] | None, spent: tuple[float, float] | None = None) -> pa.Table:
     """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens
-    (``rows`` and ``stats`` None: the driver packed that window, head_start.py)."""
+    (``rows`` and ``stats`` None: the driver packed that window, head_start.py). ``spent``:
+    (``core_seconds``, ``cpu_seconds``) of ``WrittenWindow``."""
     return pa.table({
         "window": pa.array([window], pa.int64()), "rows": pa.array([rows.num_rows if rows else 0], pa.int64()),
         "tokens": pa.array([rows.num_real_tokens if rows else 0], pa.int64()), "file": pa.array([file], pa.string()),
         "stats": pa.array([None if stats is None else stats.to_json()], pa.string()),
         "timings": pa.array([None if timings is None else json.dumps(timings)], pa.string()),
-        "core_seconds": pa.array([core_seconds], pa.float64()),
+        "core_seconds": pa.array([spent and spent[0]], pa.float64()),
+        "cpu_seconds": pa.array([spent and spent[1]], pa.float64()),
     })  # fmt: skip
 
 
@@ -152,7 +157,10 @@ class WrittenWindow:
     """One window a packing actor wrote to ``file`` (None: it has no row); ``timings``: the
     writing actor's start-up (wall clock), on its first window only. ``stats`` None: the
     driver packed it (head_start.py), not an actor. ``core_seconds``: the seconds the actor
-    spent on it (read to written) times its CPUs; None on the actor's first window."""
+    spent on it (read to written, wall clock) times its CPUs, which counts a wait for the
+    window before it to be numbered (part_sink.py) and the time other processes held the
+    actor's cores; ``cpu_seconds``: the CPU time the actor's process spent in those seconds
+    (all its threads). Both None on the actor's first window."""
 
     window: int
     num_rows: int
@@ -161,6 +169,7 @@ class WrittenWindow:
     stats: WindowStats | None
     timings: dict[str, float] | None
     core_seconds: float | None = None
+    cpu_seconds: float | None = None
 
 
 @dataclass
@@ -265,7 +274,7 @@ class PackingPipeline:
                         self._fold(stats)
                     timings = json.loads(row["timings"]) if row["timings"] is not None else None
                     yield WrittenWindow(row["window"], row["rows"], row["tokens"], row["file"], stats, timings,
-                                        row["core_seconds"])
+                                        row["core_seconds"], row["cpu_seconds"])
 
     def _fold(self, stats: WindowStats) -> None:
         fold_window(self.stats, stats)

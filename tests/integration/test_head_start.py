@@ -31,8 +31,8 @@ pytestmark = pytest.mark.integration
 FLAGS = ["--tokenizer", demo_tokenizer_path(), "--seq-len", "512", "--window-samples", "512"]
 WINDOWS = 15
 TIMING = ("seconds", "tokens_per_second", "first_row_seconds", "ray_to_first_row_seconds", "startup_seconds",
-          "steady_tokens_per_second", "core_tokens_per_second", "ray_init_seconds", "num_workers", "driver_windows",
-          "tokenizer_backend")
+          "steady_tokens_per_second", "core_tokens_per_second", "cpu_tokens_per_second", "ray_init_seconds",
+          "num_workers", "driver_windows", "tokenizer_backend")
 
 # The CLI in a process whose driver packs slowly (the actors' processes are not slowed): Ray
 # and the pipeline always start (no estimate), and the driver's windows wait for Ray to be up (at the
@@ -105,6 +105,8 @@ def actors_only(tmp_path_factory) -> Path:
     stats = stats_of(out)
     assert stats["driver_windows"] == 0 and stats["num_workers"] >= 1 and stats["windows"] == WINDOWS
     assert stats["core_tokens_per_second"] > 0, "some actor packed more than its first window"
+    # CPU time: about the wall seconds times the actor's CPU, less its waits (Ray's own threads may add a little)
+    assert stats["cpu_tokens_per_second"] > 0.5 * stats["core_tokens_per_second"]
     return out
 
 
@@ -116,7 +118,7 @@ def test_a_small_run_is_packed_by_the_driver_alone_into_the_actors_files(actors_
     assert "on the driver (sooner than starting Ray and packing actors: no Ray started)" in proc.stderr
     assert "Ray: started" not in proc.stderr and "MapWorker" not in proc.stderr, "neither Ray nor an actor started"
     assert stats["ray_init_seconds"] is None and stats["ray_to_first_row_seconds"] is None
-    assert stats["core_tokens_per_second"] is None  # no actor: no rate of theirs
+    assert stats["core_tokens_per_second"] is None and stats["cpu_tokens_per_second"] is None  # no actor: no rates
     assert stats["first_row_seconds"] < stats_of(actors_only)["first_row_seconds"], \
         "the first rows were packed while the actors' run started its Ray"
     assert_same_output(tmp_path / "out", actors_only)

@@ -144,13 +144,21 @@ def test_a_stats_json_with_epochs_from_0_reads_as_one_from_1():
                   "start-up included)"],
                  id="steady-rate-first-start-up-beside"),
     pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": 4_800_000.0,
+                  "core_tokens_per_second": 2_600_000.0, "cpu_tokens_per_second": 2_900_000.0},
+                 ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
+                  "tokens/s                     4,800,000 steady, after the actors' first window (254,545 overall, "
+                  "start-up included)",
+                  "per packing core             2,600,000 tokens/s while packing; 2,900,000 per CPU-second used (the "
+                  "actors' windows after their first, read to written)"],
+                 id="and-the-rates-per-packing-core"),
+    pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": 4_800_000.0,
                   "core_tokens_per_second": 2_600_000.0},
                  ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
                   "tokens/s                     4,800,000 steady, after the actors' first window (254,545 overall, "
                   "start-up included)",
                   "per packing core             2,600,000 tokens/s while packing (the actors' windows after their "
-                  "first: read to written, per CPU)"],
-                 id="and-the-rate-per-packing-core"),
+                  "first, read to written)"],
+                 id="stats-json-before-the-cpu-rate"),
     pytest.param({"first_row_seconds": 10.5, "ray_init_seconds": 2.1, "steady_tokens_per_second": None},
                  ["seconds                      11.00 (start-up: first row at 10.50, Ray start 2.10)",
                   "tokens/s                     254,545 overall, start-up included (the actors packed one window: no "
