@@ -344,7 +344,8 @@ def _time_lines(stats: dict[str, Any]) -> list[tuple[str, str]]:
     lines = [("seconds", f"{seconds:.2f} (start-up: first row at {stats['first_row_seconds']:.2f}{ray})"),
              ("tokens/s", rate)]
     if stats.get("core_tokens_per_second"):
-        cpu = f"; {stats['cpu_tokens_per_second']:,.0f} per CPU-second used" if stats.get("cpu_tokens_per_second") else ""
+        cpu = stats.get("cpu_tokens_per_second")
+        cpu = f"; {cpu:,.0f} per CPU-second used" if cpu else ""
         lines.append(("per packing core", f"{stats['core_tokens_per_second']:,.0f} tokens/s while packing{cpu} "
                       "(the actors' windows after their first, read to written)"))
     return lines

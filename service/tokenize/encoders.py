@@ -200,7 +200,9 @@ class FastEncoder:
         self.nfc, self.threads = nfc, threads
         self.added = dict(added or {})
         by_length = sorted(self.added, key=len, reverse=True)
-        self._split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")").split if by_length else None
+        pattern = re.compile("(" + "|".join(map(re.escape, by_length)) + ")") if by_length else None
+        self._split = pattern.split if pattern else None
+        self.added_search = pattern.search if pattern else None  # finds an added token in a text
         self.texts_by_reference = 0  # texts the fast path handed to HF for their edges (a count for tests and debugging)
 
     def rebound(self, reference: HFEncoder, *, threads: int) -> "FastEncoder":

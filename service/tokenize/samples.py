@@ -32,11 +32,16 @@ byte-level BPE (``"fast"``, ~25x the HF single-core rate on code with Qwen2.5's 
 with identical ids and masks; ``"auto"`` (the default) takes the fast one only after proving it
 on this tokenizer and on the first window's samples (backend.py).
 
+Chat samples: a known template (the bundled ChatML, Qwen2.5) renders in Python (chat.py);
+with the fast encoder its conversations are tokenized straight from their turns, without a
+rendered text (chat_tokens.py); any other template renders through Jinja, 1 + 2 * (assistant
+turns) renders per conversation when only assistant turns are trained.
+
 Cost: one batched encode per window and format group, a few numpy passes over the flat
-arrays, and O(1) Python calls per sample, plus for chat samples 1 + 2 * (assistant turns)
-compiled-template renders (~25-40 us each) when only assistant turns are trained. Measured
-per 1M tokens on one core (bench/bench_tokenize.py, Python sources): text 1.5 s with HF, 0.07 s
-fast; chat 1.7 s with HF, 0.25 s fast, of which 0.1 s is rendering.
+arrays, and O(1) Python calls per sample. Measured per 1M tokens on one core
+(bench/bench_tokenize.py, Python sources): text 1.5 s with HF, 0.07 s fast; chat through Jinja
+1.7 s with HF, 0.25 s fast, of which 0.1 s is rendering; Qwen2.5 chats from their turns
+~0.07 s fast (the bench's 3,083 chats of ~1,000 tokens: 0.21 s, 0.25 s through the text path).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from packfeed.service.inputs.records import (
 )
 from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
+from packfeed.service.tokenize.chat_tokens import TurnEncoder
 from packfeed.service.tokenize.encoders import Encoded
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
 from packfeed.service.tokenize.pairs import encode_pairs
@@ -171,6 +177,7 @@ class SampleTokenizer:
             raise ValueError(f"tokenizer {self.name!r} has neither a pad nor an eos token")
         self.loss, self.add_eos, self.strict = loss, add_eos, strict
         self._chat: ChatRenderer | None = None
+        self._turns: tuple[Any, TurnEncoder | None] | None = None  # (encoder, its turn encoder): chat_tokens.py
         self._native_chat = getattr(tokenizer, "native_chat", True)  # known chat templates rendered in Python (chat.py)
         self._encoders = EncoderChoice(
             self._backend, backend, name=self.name, threads=num_threads or _available_cpus(), probes=self._probe_texts,
@@ -351,6 +358,44 @@ class SampleTokenizer:
         if not pos:
             return None
         all_loss = self.loss == "all"
+        by_turns, pos = self._encode_turns(encoder, raw, pos, all_loss)
+        by_text = self._encode_rendered(encoder, raw, pos, skipped, all_loss) if pos else None
+        groups = [g for g in (by_turns, by_text) if g is not None]
+        return _merge(groups) if groups else None
+
+    def _encode_turns(self, encoder: Any, raw: RawWindow, pos: list[int],
+                      all_loss: bool) -> tuple[_Group | None, list[int]]:
+        """The conversations of a known ChatML template that the fast encoder tokenizes from their
+        turns (chat_tokens.py), and the positions left for the text path."""
+        if self._turns is None or self._turns[0] is not encoder:
+            self._turns = (encoder, TurnEncoder.of(encoder))
+        turns = self._turns[1]
+        if turns is None:
+            return None, pos
+        renderer, chat, candidates, rest = self._renderer(), None, [], []
+        for i in pos:
+            r = raw.records[i]
+            native = renderer.native_for(r.messages, r.tools) if type(r) is Conversation else None
+            if native is not None and (chat is None or native is chat):
+                chat = native
+                candidates.append(i)
+            else:
+                rest.append(i)
+        if not candidates:
+            return None, pos
+        out = turns.encode(chat, [raw.records[i].messages for i in candidates], all_loss)
+        if out is None:
+            return None, pos
+        taken, lengths, ids, trained = out
+        if len(taken) < len(candidates):
+            taken_set = set(taken)
+            rest = sorted(rest + [p for k, p in enumerate(candidates) if k not in taken_set])
+        return _Group(np.asarray([candidates[k] for k in taken], np.int64), lengths, ids, trained), rest
+
+    def _encode_rendered(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list,
+                         all_loss: bool) -> _Group | None:
+        """Conversations (and prompt/completion given as messages) rendered to text, encoded, and
+        trained where their spans say."""
         texts, spans, ok = [], [], []
         for i in pos:
             try:
