@@ -27,26 +27,37 @@ ROW_SCHEMA = pa.schema(
 )
 
 
-def rows_to_arrow(rows: PackedRows) -> pa.Table:
-    """The rows as one table of ``ROW_SCHEMA``, over the rows' own buffers (no copy)."""
-    num_rows, seq_len = rows.input_ids.shape
-    token_offsets = _array(np.arange(num_rows + 1, dtype=np.int32) * seq_len, pa.int32())
-    segment_offsets = _array(rows.segment_splits, pa.int32())
+# The same columns as part files store them (packed/writer.py): not nullable, as no packed row
+# has a null. Parquet then writes no definition levels for them (~8% of a part's write time).
+PART_SCHEMA = pa.schema([
+    pa.field(f.name, pa.list_(pa.field("element", f.type.value_type, nullable=False)), nullable=False)
+    if pa.types.is_list(f.type) else pa.field(f.name, f.type, nullable=False)
+    for f in ROW_SCHEMA
+])  # fmt: skip
 
-    def tokens(a: np.ndarray) -> pa.ListArray:
-        return pa.ListArray.from_arrays(token_offsets, _array(a.reshape(-1), pa.int32()))
+
+def rows_to_arrow(rows: PackedRows, schema: pa.Schema = ROW_SCHEMA) -> pa.Table:
+    """The rows as one table of ``ROW_SCHEMA`` (or ``PART_SCHEMA``), over the rows' own buffers
+    (no copy)."""
+    num_rows, seq_len = rows.input_ids.shape
+    offsets = {"tokens": _array(np.arange(num_rows + 1, dtype=np.int32) * seq_len, pa.int32()),
+               "segments": _array(rows.segment_splits, pa.int32())}
+
+    def column(name: str, values: np.ndarray, runs: str) -> pa.ListArray:
+        type = schema.field(name).type
+        return pa.ListArray.from_arrays(offsets[runs], _array(values.reshape(-1), type.value_type), type=type)
 
     return pa.Table.from_arrays(
         [
-            tokens(rows.input_ids),
-            tokens(rows.labels),
-            tokens(rows.position_ids),
-            pa.ListArray.from_arrays(segment_offsets, _array(rows.seq_lens, pa.int32())),
-            pa.ListArray.from_arrays(segment_offsets, _array(rows.sample_ids, pa.int64())),
-            pa.ListArray.from_arrays(segment_offsets, _array(rows.pair_roles, pa.int8())),
+            column("input_ids", rows.input_ids, "tokens"),
+            column("labels", rows.labels, "tokens"),
+            column("position_ids", rows.position_ids, "tokens"),
+            column("seq_lens", rows.seq_lens, "segments"),
+            column("sample_ids", rows.sample_ids, "segments"),
+            column("pair_roles", rows.pair_roles, "segments"),
             _array(rows.row_index, pa.int64()),
         ],
-        schema=ROW_SCHEMA,
+        schema=schema,
     )
 
 

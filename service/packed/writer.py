@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows
 from packfeed.service import storage
-from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_to_arrow
+from packfeed.service.packed.arrow_rows import PART_SCHEMA, ROW_SCHEMA, rows_to_arrow
 from packfeed.service.packed.location import (
     META_DIR,
     check_output,
@@ -77,7 +77,7 @@ class ParquetRowWriter:
         self.num_files = 0
 
     def write(self, rows: PackedRows) -> None:
-        table = rows_to_arrow(rows)
+        table = rows_to_arrow(rows, PART_SCHEMA)
         start = 0
         while start < table.num_rows:
             if self._writer is None or self._rows_in_file >= self.rows_per_file:
@@ -156,19 +156,20 @@ def rows_per_group(seq_len: int) -> int:
 
 def open_part(uri: str, schema: pa.Schema, metadata: dict[bytes, bytes]) -> pq.ParquetWriter:
     """A Parquet writer of one part file at ``uri`` (a path or a URI): the columns ``schema``
-    (``rows_to_arrow``'s) with the output's ``metadata``."""
+    (``rows_to_arrow``'s, ``PART_SCHEMA``) with the output's ``metadata``."""
     fs, path = storage.resolve(uri)
     # No dictionary pages: token ids over a 100k+ vocabulary overflow the dictionary anyway;
     # building it costs ~30% of the write's CPU for no smaller file (bench/bench_tokenize.py
-    # measures the write).
+    # measures the write). Statistics (min/max per page) for row_index alone: a reader can find a
+    # row by them; the token columns' are never read (~6% of the write).
     return pq.ParquetWriter(path, schema.with_metadata(metadata), filesystem=fs, compression="zstd",
-                            use_dictionary=False)
+                            use_dictionary=False, write_statistics=["row_index"])
 
 
 def write_part(uri: str, rows: PackedRows, *, seq_len: int, config_hash: str) -> None:
     """One whole part file of ``rows`` at ``uri`` (what a packing actor writes per window); on a
     store a failure is one StorageError naming it."""
-    table = rows_to_arrow(rows)
+    table = rows_to_arrow(rows, PART_SCHEMA)
     try:
         writer = open_part(uri, table.schema, part_metadata(seq_len, config_hash))
         with writer:

@@ -42,6 +42,13 @@ def test_a_packed_directory_reads_as_a_plain_parquet_and_hf_dataset(tmp_path):
     table = pq.read_table(out)  # the metadata directory is skipped: a plain dataset
     assert table.num_rows == 8 and table.column("row_index").to_pylist() == list(range(8))
     assert pq.read_schema(out / "part-00000.parquet").metadata[b"packfeed.seq_len"] == b"8"
+    # stored without nulls (no definition levels), with statistics for row_index alone (a reader finds rows by it)
+    assert not any(f.nullable or (f.type.num_fields and f.type.value_field.nullable) for f in table.schema)
+    meta = pq.ParquetFile(out / "part-00000.parquet").metadata
+    groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+    with_stats = {c.path_in_schema for g in groups for c in map(g.column, range(g.num_columns)) if c.is_stats_set}
+    assert with_stats == {"row_index"}
+    assert [g.column(g.num_columns - 1).statistics.max for g in groups] == [4, 7]  # the rows of each write
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset("parquet", data_dir=str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert len(ds) == 8 and ds[3]["row_index"] == 3
