@@ -56,7 +56,11 @@ def run_sums(
         if int(splits[-1]) > len(values):
             raise IndexError(f"the runs end at {int(splits[-1])}, past the {len(values)} values")
         values = values[: splits[-1]]
-        out[nonempty] = np.add.reduceat(values, starts[nonempty], dtype=dtype)
+        if values.dtype == bool and len(values) < 2**31:  # a count: at most a run's length
+            # summed as int8 into int32: numpy's bool -> int64 cast alone takes 4x the whole sum
+            out[nonempty] = np.add.reduceat(values.view(np.int8), starts[nonempty], dtype=np.int32)
+        else:
+            out[nonempty] = np.add.reduceat(values, starts[nonempty], dtype=dtype)
     return out
 
 

@@ -80,8 +80,18 @@ def test_run_sums_equal_per_run_sums(runs, before, after):
     assert got.dtype == np.int64 and len(got) == len(runs)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.booleans(), max_size=300), max_size=8), st.integers(0, 3))
+def test_run_sums_of_bool_masks_count_each_run(runs, before):
+    """A mask is counted through int8 (runs far longer than int8 holds, and past it)."""
+    mask = np.asarray([True] * before + [v for run in runs for v in run] + [True], dtype=bool)
+    got = run_sums(mask, before + offsets_of([len(run) for run in runs]))
+    assert got.tolist() == [sum(run) for run in runs] and got.dtype == np.int64
+
+
 def test_run_sums_of_a_bool_mask_and_of_int32_values():
     assert run_sums(np.asarray([True, False, True]), [0, 2, 2, 3]).tolist() == [1, 0, 1]
+    assert run_sums(np.ones(70_000, bool), [0, 1, 70_000]).tolist() == [1, 69_999]  # beyond int8 and int16
     big = np.full(4, 2**30, dtype=np.int32)
     assert run_sums(big, [0, 4]).tolist() == [2**32]
 
