@@ -134,15 +134,18 @@ class PartSink:
     validate: bool = False
     driver_claims: bool = False  # the driver packs windows too: an actor claims each (head_start.py)
 
-    def write(self, window: int, rows: PackedRows) -> tuple[str | None, int]:
+    def write(self, window: int, rows: PackedRows) -> tuple[str | None, float]:
         """Number ``rows`` (window-local) globally and write them to the window's part file:
-        (its name, None for a window without rows; its first global row)."""
+        (its name, None for a window without rows; the seconds spent numbering them, most of
+        it waiting for the window before to be numbered, the actor's core idle)."""
         from packfeed.service import storage
         from packfeed.service.packed.writer import write_part
 
+        asked = time.perf_counter()
         first = self.ledger.number(window, rows.num_rows)
+        numbering = time.perf_counter() - asked
         if not rows.num_rows:
-            return None, first
+            return None, numbering
         rows = renumber_rows(rows, first)
         if self.validate:
             from packfeed.client.rows import check_rows
@@ -150,4 +153,4 @@ class PartSink:
             check_rows(rows, self.seq_len)
         name = part_name(window, self.num_windows)
         write_part(storage.join(self.out_dir, name), rows, seq_len=self.seq_len, config_hash=self.config_hash)
-        return name, first
+        return name, numbering

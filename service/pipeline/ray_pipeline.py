@@ -98,15 +98,17 @@ class WindowActor:
                 tables.append(window_table(int(k), rows, stats))
                 continue
             packed = time.time()
-            name, _ = self.sink.write(int(k), rows)
+            name, numbering = self.sink.write(int(k), rows)
             timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
-            # for the rates per packing core: this window's seconds (wall clock, times the actor's CPUs)
-            # and the CPU time this process spent on it; none for the actor's first (proof, imports)
+            # for the rates per packing core: this window's seconds (wall clock, less the wait for the
+            # window before to be numbered, times the actor's CPUs) and the CPU time this process
+            # spent on it; none for the actor's first (proof, imports)
             spent = None
             if self.packed_windows:
-                spent = ((time.perf_counter() - busy_from) * self.threads, time.process_time() - cpu_from)
+                wall = time.perf_counter() - busy_from - numbering
+                spent = (wall * self.threads, time.process_time() - cpu_from)
             self.packed_windows += 1
             tables.append(written_table(int(k), rows, name, stats, timings, spent))
         return pa.concat_tables(tables)
@@ -157,9 +159,9 @@ class WrittenWindow:
     """One window a packing actor wrote to ``file`` (None: it has no row); ``timings``: the
     writing actor's start-up (wall clock), on its first window only. ``stats`` None: the
     driver packed it (head_start.py), not an actor. ``core_seconds``: the seconds the actor
-    spent on it (read to written, wall clock) times its CPUs, which counts a wait for the
-    window before it to be numbered (part_sink.py) and the time other processes held the
-    actor's cores; ``cpu_seconds``: the CPU time the actor's process spent in those seconds
+    spent on it (read to written, wall clock, less the wait for the window before it to be
+    numbered: part_sink.py) times its CPUs, which counts the time other processes held the
+    actor's cores; ``cpu_seconds``: the CPU time the actor's process spent from read to written
     (all its threads). Both None on the actor's first window."""
 
     window: int
