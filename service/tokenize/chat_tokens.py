@@ -116,14 +116,15 @@ class TurnEncoder:
         unit_starts = offsets_of(units)
         total = int(unit_starts[-1])
         unit_starts = unit_starts[:-1]
-        ids = np.empty(total, np.int32)
-        ids[unit_starts] = self.start
-        # the texts' tokens: token t of the batch moves right by the markers and newlines before it
-        ids[np.arange(len(flat)) + np.repeat(unit_starts + 1 - offsets[:-1], text_lengths)] = flat
         ends = unit_starts + 1 + text_lengths
-        ids[ends] = self.end
-        for j in range(nl):
-            ids[ends + 1 + j] = self.newline[j]
+        ids = np.empty(total, np.int32)
+        text_slot = np.ones(total, bool)  # the texts' tokens fill the slots the markers leave, in order
+        markers = [(unit_starts, self.start), (ends, self.end)]
+        markers += [(ends + 1 + j, t) for j, t in enumerate(self.newline.tolist())]
+        for at, value in markers:
+            ids[at] = value
+            text_slot[at] = False
+        ids[text_slot] = flat
         turn_offsets = offsets_of(turns)
         lengths = run_sums(units, turn_offsets)
         if all_loss:
