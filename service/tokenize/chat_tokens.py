@@ -27,8 +27,9 @@ cannot see anything else, which is checked:
 Every other conversation goes through the text path (render, encode, spans), as does the whole
 batch when quicktok refuses it. Proven equal to the text path and to HF by a sweep of random
 conversations (tests/unit/service/tokenize/test_chat_tokens.py), and at run time by the fast
-back-end's proof, which compares the first window's samples with HF's (backend.py). Cost for
-3,083 chats of ~1,000 tokens on one core: ~0.17 s against ~0.24 s through the text path.
+back-end's proof, which compares the first window's samples with HF's (backend.py). Cost: 3,083
+chats of ~1,000 tokens tokenize in 0.18-0.19 s on one core, 0.24-0.25 s through the text path
+(quicktok's encode: 0.13 s of either).
 """
 
 from __future__ import annotations
