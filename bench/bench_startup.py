@@ -2,7 +2,7 @@
 by phase and the time to the first training step, in one run and on the same corpora.
 
     .venv/bin/python bench/bench_startup.py                 # ~1.5M tokens + the bundled corpus, ~5 min
-    .venv/bin/python bench/bench_startup.py --tokens 15000000 --window-samples 1024 --skip-train
+    .venv/bin/python bench/bench_startup.py --tokens 15000000 --skip-train --full-windows
 
 Corpora: the bundled demo corpus with the bundled tokenizer (seq_len 2048: the quick start),
 and a mixed corpus of ``--tokens`` (text, two-turn chat, prompt/completion; bench_tokenize's
@@ -19,8 +19,10 @@ core while packing (stats.json ``core_tokens_per_second``, wall clock: the issue
 tokens/s per packing core"; ``cpu_tokens_per_second``, per CPU-second the actors' processes
 spent), each of the raw files alone (text, chat; three copies of it: 8 windows for the 15M mix's)
 with the fast back-end and ``--no-head-start``: both rates against raw quicktok on that file
-(the goal holds for text and chat alike), ``first_row_seconds`` (from the command's start), ``ray_to_first_row_seconds`` (the issue's
-goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
+(the goal holds for text and chat alike; with ``--full-windows`` also as many copies as make
+10 windows of the default 8,192 samples, a large corpus's windows, where these small corpora
+are cut into windows of an eighth of their samples), ``first_row_seconds`` (from the command's
+start), ``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
 (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
 for 10 steps: seconds from the command's start to its first logged step, and the data wait of
 those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
@@ -114,6 +116,15 @@ def ray_columns(stats: dict) -> list[str]:
 
 
 ALONE_COPIES = 3
+# --full-windows: each raw file alone again, in at least this many windows of the default size (a
+# corpus of 64k+ samples; the small corpora above are cut into windows of an eighth of their samples)
+FULL_WINDOWS = 10
+DEFAULT_WINDOW = 8192
+
+
+def _rows(f: Path) -> int:
+    with f.open("rb") as lines:
+        return sum(1 for _ in lines)
 
 
 def repeated(f: Path, copies: int) -> Path:
@@ -138,7 +149,8 @@ CORE_RATES = (("per packing core while packing", "core_tokens_per_second"),
 
 
 def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: str, seq_len: int,
-               work: Path, backends: list[str], window_samples: int | None = None) -> None:
+               work: Path, backends: list[str], window_samples: int | None = None,
+               full_windows: bool = False) -> None:
     cores = os.cpu_count() or 1
     raw = {k: [raw_rate(k, tokenizer, f) for f in raw_files] for k in ("hf", "fast")}
     rate = {k: sum(r["tokens"] for r in v) / sum(r["seconds"] for r in v) for k, v in raw.items()}
@@ -177,16 +189,24 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
             phases[backend + mode] = stats.get("startup_seconds", {})
     if "fast" in backends and len(raw_files) > 1:  # the goal holds for text and chat alike: each alone
         for f, fast_raw in zip(raw_files, raw["fast"]):
-            stats, _, _ = pack([repeated(f, ALONE_COPIES)], tokenizer, seq_len, "fast", work / "out-one", window_samples,
-                               cache, "--no-head-start")
-            own = fast_raw["tokens"] / fast_raw["seconds"]
-            for label, key, per in (("actors' steady per core", "steady_tokens_per_second", cores),
-                                    *((label, key, 1) for label, key in CORE_RATES)):
-                if stats.get(key):
-                    r = stats[key] / per
-                    rows.append([f"packfeed pack, fast, actors alone, {f.stem} alone ({ALONE_COPIES} copies, "
-                                 f"{stats['windows']} windows): {label} (x raw quicktok on {f.stem}: {r / own:.2f})",
-                                 f"{r:,.0f}", "", f"{r / rate['hf']:.2f}", f"{r / rate['fast']:.2f}", "", "", ""])
+            runs = [(ALONE_COPIES, window_samples, "")]
+            if full_windows:  # and as a corpus of 64k+ samples is packed: windows of the default 8,192 samples
+                runs.append((-(-FULL_WINDOWS * DEFAULT_WINDOW // _rows(f)), None, f" of {DEFAULT_WINDOW:,}"))
+            for copies, windows, size in runs:
+                alone = repeated(f, copies)
+                stats, _, _ = pack([alone], tokenizer, seq_len, "fast", work / "out-one", windows, cache,
+                                   "--no-head-start")
+                if copies != ALONE_COPIES:
+                    alone.unlink()  # hundreds of MB
+                own = fast_raw["tokens"] / fast_raw["seconds"]
+                for label, key, per in (("actors' steady per core", "steady_tokens_per_second", cores),
+                                        *((label, key, 1) for label, key in CORE_RATES)):
+                    if stats.get(key):
+                        r = stats[key] / per
+                        rows.append([f"packfeed pack, fast, actors alone, {f.stem} alone ({copies} copies, "
+                                     f"{stats['windows']} windows{size}): {label} (x raw quicktok on {f.stem}: "
+                                     f"{r / own:.2f})", f"{r:,.0f}", "", f"{r / rate['hf']:.2f}",
+                                     f"{r / rate['fast']:.2f}", "", "", ""])  # fmt: skip
     if {"hf", "fast"} <= set(backends):
         rows.append([f"whole run, HF seconds / fast seconds: {walls['hf', ''] / walls['fast', '']:.2f} "
                      f"(actors alone: {walls['hf', ', actors alone'] / walls['fast', ', actors alone']:.2f})",
@@ -209,6 +229,9 @@ def main() -> None:
     parser.add_argument("--backends", default="hf,fast")
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--window-samples", type=int, help="the mix's windows (default: the config's, 8,192)")
+    parser.add_argument("--full-windows", action="store_true",
+                        help=f"also pack the mix's text and chat files alone in >= {FULL_WINDOWS} windows of "
+                             f"{DEFAULT_WINDOW:,} samples (~85M tokens each, ~2 minutes more)")
     args = parser.parse_args()
     backends = args.backends.split(",")
     work = Path(tempfile.mkdtemp(prefix="packfeed-bench-startup-"))
@@ -222,7 +245,7 @@ def main() -> None:
     mixed = [corpora["text"], corpora["chat"], write_prompt_completion(work, args.tokens // 5)]
     run_corpus(f"mixed corpus (~{args.tokens / 1e6:.1f}M tokens), Qwen2.5, seq_len 4096", mixed,
                [corpora["text"], corpora["chat"]], qwen_tokenizer(REPO / "runs" / "bench-cache"), 4096, work, backends,
-               args.window_samples)
+               args.window_samples, args.full_windows)
     if not args.skip_train:
         t = first_training_step(work)
         table("## packfeed train, examples/train_demo.toml, 10 steps", ["first step at s", "data wait, steps 1-10",
