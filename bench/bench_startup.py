@@ -22,8 +22,8 @@ with the fast back-end and ``--no-head-start``: both rates against raw quicktok 
 (the goal holds for text and chat alike; with ``--full-windows`` also as many copies as make
 10 windows of the default 8,192 samples, a large corpus's windows, where these small corpora
 are cut into windows of an eighth of their samples), ``first_row_seconds`` (from the command's
-start), ``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the start-up by phase from its stats.json
-(pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
+start), ``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the
+start-up by phase from its stats.json (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
 for 10 steps: seconds from the command's start to its first logged step, and the data wait of
 those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
 """

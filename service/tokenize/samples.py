@@ -41,7 +41,7 @@ Cost: one batched encode per window and format group, a few numpy passes over th
 arrays, and O(1) Python calls per sample. Measured per 1M tokens on one core
 (bench/bench_tokenize.py, Python sources): text 1.5 s with HF, 0.07 s fast; chat through Jinja
 1.7 s with HF, 0.25 s fast, of which 0.1 s is rendering; Qwen2.5 chats from their turns
-~0.07 s fast (the bench's 3,083 chats of ~1,000 tokens: 0.21 s, 0.25 s through the text path).
+~0.06 s fast (the bench's 3,083 chats of ~1,000 tokens: 0.18-0.19 s, 0.24-0.25 s through the text path).
 """
 
 from __future__ import annotations
