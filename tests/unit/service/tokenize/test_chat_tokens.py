@@ -18,30 +18,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.tokenizers import qwen_tokenizer_dir
+from test_tokenize import window
 
-from packfeed.service.assets import demo_tokenizer_path
-from packfeed.service.inputs.read import Piece, RawWindow, WindowSpec
 from packfeed.service.inputs.records import Conversation
 from packfeed.service.tokenize.backend import load_fast
 from packfeed.service.tokenize.chat import known_template
 from packfeed.service.tokenize.chat_tokens import TurnEncoder, _crosses
 from packfeed.service.tokenize.encoders import HFEncoder
 from packfeed.service.tokenize.samples import SampleTokenizer
-
-
-@pytest.fixture(scope="module")
-def toks(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    qwen = AutoTokenizer.from_pretrained(qwen_tokenizer_dir(str(tmp_path_factory.mktemp("qwen"))))
-    return {"chatml": AutoTokenizer.from_pretrained(demo_tokenizer_path()), "qwen2.5": qwen}
-
-
-def window(records):
-    n = len(records)
-    spec = WindowSpec(0, 0, (Piece("mem.jsonl", "jsonl", "messages", 0, 0, n, 0),))
-    return RawWindow(spec, np.arange(n, dtype=np.int64), list(records), [], np.zeros(n, np.int64))
 
 
 # What the turn path takes: no added token, NFC text (Qwen2.5 normalizes to NFC); the header's
