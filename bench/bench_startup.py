@@ -23,9 +23,9 @@ with the fast back-end and ``--no-head-start``: both rates against raw quicktok 
 10 windows of the default 8,192 samples, a large corpus's windows, where these small corpora
 are cut into windows of an eighth of their samples), ``first_row_seconds`` (from the command's
 start), ``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_seconds``: the
-start-up by phase from its stats.json (pipeline/startup.py). Last, ``packfeed train --config examples/train_demo.toml``
-for 10 steps: seconds from the command's start to its first logged step, and the data wait of
-those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
+start-up by phase from its stats.json (pipeline/startup.py). Last, ``packfeed train --config
+examples/train_demo.toml`` for 10 steps: seconds from the command's start to its first logged
+step, and the data wait of those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
 """
 
 from __future__ import annotations
@@ -141,9 +141,9 @@ def repeated(f: Path, copies: int) -> Path:
     return out
 
 
-# The packing actors' rates per core (stats.json): wall clock, read to written, and per CPU-second
-# their processes spent (the wall clock also counts the wait for the window before to be numbered
-# and the time Ray's and the driver's processes held the core).
+# The packing actors' rates per core (stats.json): wall clock, read to written less the wait for
+# the window before to be numbered, and per CPU-second their processes spent (the wall clock also
+# counts the time Ray's and the driver's processes held the core, and writes that wait on the disk).
 CORE_RATES = (("per packing core while packing", "core_tokens_per_second"),
               ("per CPU-second of the packing actors", "cpu_tokens_per_second"))
 
