@@ -128,12 +128,13 @@ def _rows(f: Path) -> int:
 
 
 def repeated(f: Path, copies: int) -> Path:
-    """``f``'s lines ``copies`` times over, for the per-format runs: more windows (8 for the 15M mix's files). The steady rate
-    (tokens after the actors' first window over the time after it) counts the windows in flight
-    at that instant as if packed after it: over the three or four windows of one format of the
-    mix it read 0.19-0.33 x quicktok for chats from one run of the same code to the next. The
-    rate per packing core (each window's read-to-written seconds in its actor, the actor's first
-    excluded: stats.json ``core_tokens_per_second``) does not depend on when windows arrive."""
+    """``f``'s lines ``copies`` times over, for the per-format runs: more windows (8 for the 15M
+    mix's files). The steady rate (tokens after the actors' first window over the time after it)
+    counts the windows in flight at that instant as if packed after it: over the three or four
+    windows of one format of the mix it read 0.19-0.33 x quicktok for chats from one run of the
+    same code to the next. The rates per packing core (each window's read-to-written seconds in
+    its actor, the actor's first excluded: stats.json ``core_tokens_per_second`` and
+    ``cpu_tokens_per_second``) do not depend on when windows arrive."""
     out = f.with_name(f"{f.stem}-x{copies}{f.suffix}")
     if not out.exists():
         data = f.read_bytes()
