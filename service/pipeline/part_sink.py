@@ -134,16 +134,16 @@ class PartSink:
     validate: bool = False
     driver_claims: bool = False  # the driver packs windows too: an actor claims each (head_start.py)
 
-    def write(self, window: int, rows: PackedRows) -> tuple[str | None, float]:
+    def write(self, window: int, rows: PackedRows) -> tuple[str | None, tuple[float, float]]:
         """Number ``rows`` (window-local) globally and write them to the window's part file:
-        (its name, None for a window without rows; the seconds spent numbering them, most of
-        it waiting for the window before to be numbered, the actor's core idle)."""
+        (its name, None for a window without rows; the seconds spent numbering them, wall clock
+        and this process's CPU: most of it waiting for the window before to be numbered)."""
         from packfeed.service import storage
         from packfeed.service.packed.writer import write_part
 
-        asked = time.perf_counter()
+        asked, asked_cpu = time.perf_counter(), time.process_time()
         first = self.ledger.number(window, rows.num_rows)
-        numbering = time.perf_counter() - asked
+        numbering = (time.perf_counter() - asked, time.process_time() - asked_cpu)
         if not rows.num_rows:
             return None, numbering
         rows = renumber_rows(rows, first)

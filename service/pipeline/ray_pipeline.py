@@ -102,13 +102,13 @@ class WindowActor:
             timings = self._take_timings()
             if timings is not None:
                 timings.update(call_start=called, packed=packed, written=time.time())
-            # for the rates per packing core: this window's seconds (wall clock, less the wait for the
-            # window before to be numbered, times the actor's CPUs) and the CPU time this process
-            # spent on it; none for the actor's first (proof, imports)
+            # for the rates per packing core: this window's seconds (wall clock times the actor's
+            # CPUs) and the CPU time this process spent on it, both less the wait for the window
+            # before to be numbered; none for the actor's first (proof, imports)
             spent = None
             if self.packed_windows:
-                wall = time.perf_counter() - busy_from - numbering
-                spent = (wall * self.threads, time.process_time() - cpu_from)
+                wall = time.perf_counter() - busy_from - numbering[0]
+                spent = (wall * self.threads, time.process_time() - cpu_from - numbering[1])
             self.packed_windows += 1
             tables.append(written_table(int(k), rows, name, stats, timings, spent))
         return pa.concat_tables(tables)
@@ -161,7 +161,7 @@ class WrittenWindow:
     driver packed it (head_start.py), not an actor. ``core_seconds``: the seconds the actor
     spent on it (read to written, wall clock, less the wait for the window before it to be
     numbered: part_sink.py) times its CPUs, which counts the time other processes held the
-    actor's cores; ``cpu_seconds``: the CPU time the actor's process spent from read to written
+    actor's cores; ``cpu_seconds``: the CPU time the actor's process spent in the same span
     (all its threads). Both None on the actor's first window."""
 
     window: int

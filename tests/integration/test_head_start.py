@@ -105,7 +105,7 @@ def actors_only(tmp_path_factory) -> Path:
     stats = stats_of(out)
     assert stats["driver_windows"] == 0 and stats["num_workers"] >= 1 and stats["windows"] == WINDOWS
     assert stats["core_tokens_per_second"] > 0, "some actor packed more than its first window"
-    # CPU time: about the wall seconds times the actor's CPU, less its waits (Ray's own threads may add a little)
+    # CPU time: at most about the wall seconds times the actor's CPU (Ray's own threads may add a little)
     assert stats["cpu_tokens_per_second"] > 0.5 * stats["core_tokens_per_second"]
     return out
 
