@@ -21,7 +21,7 @@ from packfeed.service.commands.args import (
     resolve_output,
 )
 
-HELP = "pack and train a causal LM on the packed rows (Ray Train, DDP)"
+HELP = "pack and train a causal LM on the packed rows (Ray Train; DDP or FSDP2)"
 ORDER = 2
 
 
@@ -42,6 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--stop-at-step", type=int, help="stop this run early (resume later with --resume)")
     t.add_argument("--packing-workers", type=int, help="packing actors (default from [scaling], 1)")
     t.add_argument("--max-failures", type=int, help="worker-group restarts from the last checkpoint (default 1)")
+    m = parser.add_argument_group("memory")
+    m.add_argument("--sharding", choices=("ddp", "fsdp"),
+                   help="ddp: whole model on every worker; fsdp: weights, gradients and AdamW states sharded (FSDP2)")
+    m.add_argument("--activation-checkpointing", choices=("off", "full", "offload"),
+                   help="recompute each decoder layer in backward (full), its saved input in host memory (offload)")
+    m.add_argument("--loss-chunk-tokens", type=int,
+                   help="tokens projected onto the vocabulary at a time by the loss head (0: the full logits)")
+    m.add_argument("--gpu-memory-gb", type=float, help="one train worker's GPU memory, for the memory plan")
+    m.add_argument("--plan", action="store_true",
+                   help="print the per-GPU memory estimate of this run and exit (0 fits, 2 does not); starts no Ray")
+    m.add_argument("--no-memory-check", action="store_true",
+                   help="start a run whose memory plan does not fit (the estimate may be pessimistic)")
     o = parser.add_argument_group("output")
     o.add_argument("--output",
                    help="directory or URI (s3://bucket/prefix) for checkpoints, metrics.jsonl, loss.png, final/ "
@@ -72,12 +84,13 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
         raise ValueError("missing --model (or `name` in the config file's [model] table)")
     train = dict(base.get("train", {}))
     for flag in ("max_steps", "micro_batch_rows", "grad_accum", "lr", "log_every", "checkpoint_every", "stop_at_step",
-                 "max_failures"):
+                 "max_failures", "sharding", "activation_checkpointing", "loss_chunk_tokens"):
         if getattr(args, flag) is not None:
             train[flag] = getattr(args, flag)
     scaling = dict(base.get("scaling", {}))
     for flag, key in (("num_workers", "num_workers"), ("cpus_per_worker", "cpus_per_worker"),
-                      ("packing_workers", "packing_workers"), ("max_workers", "packing_max_workers")):
+                      ("packing_workers", "packing_workers"), ("max_workers", "packing_max_workers"),
+                      ("gpu_memory_gb", "gpu_memory_gb")):
         if getattr(args, flag) is not None:
             scaling[key] = getattr(args, flag)
     if args.packer_label:

@@ -20,6 +20,9 @@ from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS, 
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
+SHARDINGS = ("ddp", "fsdp")
+ACTIVATION_CHECKPOINTING = ("off", "full", "offload")
+DEFAULT_LOSS_CHUNK_TOKENS = 1024  # 1024 x a 152k vocabulary: 0.6 GB of fp32 logits a chunk
 OBJECTIVES = ("sft", "dpo")
 INITIAL_REFERENCE = "initial"  # dpo_reference: a frozen copy of the weights the run starts from
 MIN_FEEDER_BUFFER_ROWS = 2 * PIECE_ROWS  # the hub's smallest buffer
@@ -88,6 +91,16 @@ class TrainConfig:
     reference model, "initial" (the weights the run starts from, also after a resume) or a
     model name as ``[model] name`` takes (a local directory, a Hub id). The ``dpo_*`` keys are
     for objective "dpo" only.
+
+    Memory (trainer/parallelize.py, trainer/loss_head.py, trainer/memory_plan.py):
+    ``sharding``: "ddp" (every rank holds the whole model, its gradients and AdamW states) or
+    "fsdp" (FSDP2: ``fully_shard`` per decoder layer and the root, each rank holds 1/world of
+    the fp32 weights, gradients and states; with ``precision`` bf16 the layers compute in bf16
+    and gradients reduce in fp32). ``activation_checkpointing``: "off", "full" (every decoder
+    layer keeps only its input and recomputes the rest in backward) or "offload" (full, with
+    those inputs in pinned host memory). ``loss_chunk_tokens``: the loss head projects the
+    trained positions' hidden states onto the vocabulary this many tokens at a time, never the
+    whole row's logits (0: the full logits, as Hugging Face's loss does).
     """
 
     max_steps: int = 100
@@ -114,8 +127,15 @@ class TrainConfig:
     dpo_loss_type: str = "sigmoid"
     dpo_label_smoothing: float = 0.0
     dpo_reference: str = INITIAL_REFERENCE
+    sharding: str = "ddp"
+    activation_checkpointing: str = "off"
+    loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
+        for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
+        _check_int("loss_chunk_tokens", self.loss_chunk_tokens, minimum=0)
         for name in ("max_steps", "micro_batch_rows", "grad_accum", "log_every", "keep_checkpoints"):
             _check_int(name, getattr(self, name), minimum=1)
         for name in ("warmup_steps", "checkpoint_every", "seed", "max_failures", "feeder_buffer_rows"):
@@ -194,6 +214,9 @@ class TrainScaling:
     are Ray label selectors for the train workers and the feeder; None (default) means the
     ``packfeed/role`` defaults when the cluster's nodes carry that label, nothing otherwise.
     ``trainer_resources``: custom resources each train worker asks for (e.g. {"gpu_slot" = 1}).
+    ``gpu_memory_gb``: the memory of one train worker's GPU, for the memory plan
+    (trainer/memory_plan.py); None: the driver's GPU when it has one, else the plan's figure
+    for an 80 GB GPU.
     """
 
     num_workers: int = 2
@@ -203,9 +226,14 @@ class TrainScaling:
     trainer_labels: Mapping[str, str] | None = None
     driver_labels: Mapping[str, str] | None = None
     trainer_resources: Mapping[str, float] = field(default_factory=dict)
+    gpu_memory_gb: float | None = None
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, minimum=1)
+        if self.gpu_memory_gb is not None:
+            _check_number("gpu_memory_gb", self.gpu_memory_gb)
+            if not self.gpu_memory_gb > 0:
+                raise ValueError(f"gpu_memory_gb must be > 0, got {self.gpu_memory_gb!r}")
         _check_number("cpus_per_worker", self.cpus_per_worker)
         if not self.cpus_per_worker > 0:
             raise ValueError("cpus_per_worker must be > 0 (fractions are fine)")
