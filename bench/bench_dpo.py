@@ -146,7 +146,8 @@ def step(method: str, policy, reference, optimizer, batch: dict, args: argparse.
     import torch
     import torch.nn.functional as F
 
-    from packfeed.trainer.dpo import DpoLoss, accumulate_dpo_gradients
+    from packfeed.trainer.dpo import accumulate_dpo_gradients
+    from packfeed.trainer.dpo_loss import DpoLoss
 
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     loss = DpoLoss(beta=0.1)

@@ -6,7 +6,10 @@ from these sums, one forward of the packed batch, no unpacking.
 * ``segment_logps(logits, labels, cu_seq_lens)``: for every segment of the batch, the sum of
   ``log p(labels[t] | tokens before t)`` over its trained labels, and how many there are. One
   vectorised pass: the logits that predict a trained label gathered, a per-token cross
-  entropy on them, one ``index_add`` into the segments; no Python loop over segments.
+  entropy on them, then ``segment_sums``; no Python loop over segments.
+* ``segment_sums(token_logps, slots, cu_seq_lens)``: the same sums from per-token log-probs
+  computed elsewhere (a chunked loss head that never holds the full logits, e.g.
+  ``packfeed.trainer.loss_head``), one ``index_add`` into the segments.
 * ``pair_segments(pair_roles, sample_ids)``: the segment index of each pair's chosen and
   rejected sides, checked against the row convention (client/rows.py).
 * ``pair_logps(sums, counts, chosen, rejected)``: those sums gathered per pair.
@@ -33,6 +36,9 @@ import numpy as np
 
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PAIR_CHOSEN, PAIR_REJECTED
 
+_FIRST_LABEL_MESSAGE = (f"the first label of every segment must be {IGNORE_INDEX} (client/rows.py): else the "
+                        "previous segment's last token would be trained to predict it")
+
 
 def segment_logps(logits: Any, labels: Any, cu_seq_lens: Any) -> tuple[Any, Any]:
     """(sums, counts) over the segments of a packed batch: float32 and int64 tensors [S].
@@ -56,18 +62,45 @@ def segment_logps(logits: Any, labels: Any, cu_seq_lens: Any) -> tuple[Any, Any]
         raise ValueError(f"cu_seq_lens must run from 0 to B*L = {num_rows * seq_len}")
     labels = labels.to(device).long()
     if (labels.reshape(-1)[cu[:-1]] != IGNORE_INDEX).any():
-        raise ValueError(f"the first label of every segment must be {IGNORE_INDEX} (client/rows.py): else the "
-                         "previous segment's last token would be trained to predict it")
+        raise ValueError(_FIRST_LABEL_MESSAGE)
     # Flat slot b*L + t + 1 holds a trained label; the logits at slot b*L + t predict it.
     row, t = torch.nonzero(labels[:, 1:] != IGNORE_INDEX, as_tuple=True)
     predicting = row * seq_len + t
     targets = labels.reshape(-1)[predicting + 1]
     token_logps = -F.cross_entropy(logits.reshape(-1, vocab)[predicting].float(), targets, reduction="none")
+    return segment_sums(token_logps, predicting, cu)
+
+
+def segment_sums(token_logps: Any, slots: Any, cu_seq_lens: Any) -> tuple[Any, Any]:
+    """(sums, counts) over the segments of a packed batch: float32 and int64 tensors [S].
+
+    ``token_logps`` [N]: the log-probability of the label at flat slot ``slots[i] + 1``,
+    predicted at flat slot ``slots[i]`` (int64 [N], ``row * L + t``: Hugging Face's shift, as
+    ``segment_logps`` computes them). ``cu_seq_lens``: the S + 1 global segment offsets over
+    the B*L flattened tokens. A term goes to the segment of its label; gradients flow to
+    ``token_logps`` through ``sums``. ValueError when a slot predicts the first label of the
+    next segment (a label the row convention masks). For cu [0, 3, 6] and slots [0, 1, 3]:
+    buckets [0, 0, 1]. Cost: O(B*L + N) index work.
+    """
+    import torch
+
+    device = token_logps.device
+    slots = torch.as_tensor(slots, device=device).long()
+    cu = torch.as_tensor(cu_seq_lens, device=device).long()
+    if cu.ndim != 1 or len(cu) < 2 or int(cu[0]) != 0:
+        raise ValueError("cu_seq_lens must be the S + 1 segment offsets over the B*L slots, from 0")
+    if slots.ndim != 1 or slots.shape != token_logps.shape:
+        raise ValueError(f"token_logps {tuple(token_logps.shape)} and slots {tuple(slots.shape)} must be [N] each")
+    if len(slots) and (int(slots.min()) < 0 or int(slots.max()) + 1 >= int(cu[-1])):
+        raise ValueError(f"slots must predict a label inside the {int(cu[-1])} slots of cu_seq_lens")
     num_segments = len(cu) - 1
     segment_of_slot = torch.repeat_interleave(torch.arange(num_segments, device=device), cu.diff())
-    bucket = segment_of_slot[predicting + 1]
-    sums = torch.zeros(num_segments, dtype=torch.float32, device=device).index_add(0, bucket, token_logps)
+    bucket = segment_of_slot[slots + 1]
+    if (segment_of_slot[slots] != bucket).any():
+        raise ValueError(_FIRST_LABEL_MESSAGE)
+    sums = torch.zeros(num_segments, dtype=torch.float32, device=device).index_add(0, bucket, token_logps.float())
     return sums, torch.bincount(bucket, minlength=num_segments)
+
 
 
 def pair_segments(pair_roles: np.ndarray, sample_ids: np.ndarray, segment_splits: np.ndarray | None = None

@@ -17,6 +17,7 @@ from packfeed.service.data.config import DataConfig, check_known_keys, close_mat
 from packfeed.service.delivery.hub import PIECE_ROWS
 from packfeed.service.pipeline.placement import check_resources, check_selector
 from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS, PackingScaling
+from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -186,9 +187,7 @@ class TrainConfig:
 
     @property
     def dpo_loss(self) -> Any:
-        """The DPO objective's loss (``packfeed.trainer.dpo.DpoLoss``) of these settings."""
-        from packfeed.trainer.dpo import DpoLoss
-
+        """The DPO objective's loss (``packfeed.trainer.dpo_loss.DpoLoss``) of these settings."""
         return DpoLoss(beta=float(self.dpo_beta), loss_type=self.dpo_loss_type,
                        label_smoothing=float(self.dpo_label_smoothing))
 

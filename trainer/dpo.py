@@ -2,16 +2,12 @@
 
 A pair is one sample with two segments in one packed row (client/rows.py, ``pair_roles``). The
 policy and the reference run once each on the packed micro-batch; ``segment_logps`` turns their
-logits into per-segment sums and ``pair_logps`` gathers them per pair, so a pair's log-ratio is
-exactly what it would be run alone (tests/models/test_dpo_packed.py checks it, gradients too).
+logits into per-segment sums (with ``chunk_tokens`` > 0, the chunked loss head's per-token
+log-probs, trainer/loss_head.py, and ``segment_sums``: never the full logits) and
+``pair_logps`` gathers them per pair, so a pair's log-ratio is exactly what it would be run
+alone (tests/models/test_dpo_packed.py checks it, gradients too).
 
-Losses (``beta`` > 0; the log-ratio of a side is ``logp_policy - logp_reference`` summed over
-its trained tokens; ``delta`` = chosen log-ratio - rejected log-ratio):
-
-* ``sigmoid`` (DPO): ``-(1 - eps) logsigmoid(beta delta) - eps logsigmoid(-beta delta)``, eps
-  the label smoothing (0: plain DPO; > 0: conservative DPO);
-* ``ipo``: ``(delta_per_token - 1 / (2 beta))^2``, the log-ratios divided by each side's trained
-  tokens first, as TRL does (its authors' normalised form).
+The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/dpo_loss.py.
 
 Normalisation, as the SFT step's (trainer/step.py): the step's pairs are counted over every
 micro-batch and rank (one all_reduce) BEFORE any backward, and each micro-batch backpropagates
@@ -29,56 +25,18 @@ padding) add nothing.
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from packfeed.client.model_inputs import to_model_inputs
-from packfeed.client.pairs import pair_logps, pair_segments, segment_logps
+from packfeed.client.pairs import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import PackedRows
-from packfeed.trainer.step import StepResult, micro_batch_contexts, step_count_and_scale
+from packfeed.trainer.dpo_loss import DpoLoss
+from packfeed.trainer.loss_head import trained_token_logps
+from packfeed.trainer.step import StepResult, backward_micro_batches
 
 logger = logging.getLogger(__name__)
 
-LOSS_TYPES = ("sigmoid", "ipo")
 PAIR_KEYS = ("chosen_segments", "rejected_segments")  # in the micro-batch dicts; not model inputs
-LN2 = math.log(2)  # the sigmoid loss of every pair while the policy equals its reference
-
-
-@dataclass(frozen=True, kw_only=True)
-class DpoLoss:
-    """The objective's knobs (``[train] dpo_*``, validated by TrainConfig)."""
-
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    label_smoothing: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"dpo loss type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}")
-        if not self.beta > 0:
-            raise ValueError(f"dpo beta must be > 0, got {self.beta!r}")
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"dpo label smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
-        if self.label_smoothing and self.loss_type != "sigmoid":
-            raise ValueError("dpo label smoothing applies to the sigmoid loss only")
-
-    def pair_losses(self, policy: Mapping[str, Any], reference: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-        """(losses, chosen rewards, rejected rewards), each [P], from two ``pair_logps`` dicts
-        of the same pairs (the reference's without gradients)."""
-        import torch.nn.functional as F
-
-        chosen_ratio = policy["chosen_logps"] - reference["chosen_logps"]
-        rejected_ratio = policy["rejected_logps"] - reference["rejected_logps"]
-        if self.loss_type == "sigmoid":
-            logits = self.beta * (chosen_ratio - rejected_ratio)
-            eps = self.label_smoothing
-            losses = -(1 - eps) * F.logsigmoid(logits) - eps * F.logsigmoid(-logits)
-        else:
-            per_token = (chosen_ratio / policy["chosen_tokens"].clamp(min=1)
-                         - rejected_ratio / policy["rejected_tokens"].clamp(min=1))
-            losses = (per_token - 1 / (2 * self.beta)) ** 2
-        return losses, self.beta * chosen_ratio.detach(), self.beta * rejected_ratio.detach()
 
 
 def dpo_micro_batch(rows: PackedRows, *, device: Any = None) -> dict:
@@ -92,8 +50,14 @@ def dpo_micro_batch(rows: PackedRows, *, device: Any = None) -> dict:
     return inputs
 
 
-def batch_pair_logps(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """``pair_logps`` of one packed micro-batch (a ``dpo_micro_batch`` dict) under ``model``."""
+def batch_pair_logps(model: Any, inputs: Mapping[str, Any], *, chunk_tokens: int = 0) -> dict[str, Any]:
+    """``pair_logps`` of one packed micro-batch (a ``dpo_micro_batch`` dict) under ``model``.
+    ``chunk_tokens`` 0: from the full logits (``segment_logps``); > 0: through the chunked loss
+    head (``trained_token_logps`` then ``segment_sums``), the same sums to float rounding."""
+    if chunk_tokens:
+        logps, slots = trained_token_logps(model, inputs, chunk_tokens=chunk_tokens)
+        sums, counts = segment_sums(logps, slots, inputs["cu_seq_lens_q"])
+        return pair_logps(sums, counts, inputs["chosen_segments"], inputs["rejected_segments"])
     kwargs = {key: value for key, value in inputs.items() if key != "labels" and key not in PAIR_KEYS}
     logits = model(**kwargs).logits
     sums, counts = segment_logps(logits, inputs["labels"], inputs["cu_seq_lens_q"])
@@ -101,7 +65,8 @@ def batch_pair_logps(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def accumulate_dpo_gradients(
-    model: Any, micro_batches: Sequence[dict], *, reference: Any, loss: DpoLoss, autocast_dtype: Any = None
+    model: Any, micro_batches: Sequence[dict], *, reference: Any, loss: DpoLoss, autocast_dtype: Any = None,
+    chunk_tokens: int = 0,
 ) -> StepResult:
     """Forward (policy and reference) and backward every micro-batch of one step.
 
@@ -109,36 +74,28 @@ def accumulate_dpo_gradients(
     must pass the same number (DDP syncs on the last backward). ``reference``: the frozen model
     (eval mode, no gradients). Returns the pair mean loss over the whole step (all ranks),
     ``trained_tokens`` (the pairs' trained tokens, 0 when the step holds no pair), ``pairs`` and
-    the reward figures. Cost: 2 all_reduces of a few scalars, a reference forward per micro-batch.
+    the reward figures. ``chunk_tokens``: the loss head's chunk, for the policy and the
+    reference alike (``batch_pair_logps``; 0: full logits). Cost: 2 all_reduces of a few
+    scalars, a reference forward per micro-batch.
     """
     import torch
-    import torch.distributed as dist
 
-    if not micro_batches:
-        raise ValueError("a step needs at least one micro-batch")
-    device = micro_batches[0]["input_ids"].device
-    step_pairs, scale = step_count_and_scale(sum(len(mb["chosen_segments"]) for mb in micro_batches), device)
-
-    # loss, chosen reward, rejected reward, correct pairs, trained tokens: sums over the step
-    totals = torch.zeros(5, dtype=torch.float64, device=device)
-    last = len(micro_batches) - 1
-    for i, inputs in enumerate(micro_batches):
-        sync, autocast = micro_batch_contexts(model, last=i == last, device=device, autocast_dtype=autocast_dtype)
-        with sync:
-            with autocast:
-                with torch.no_grad():
-                    ref = batch_pair_logps(reference, inputs)
-                policy = batch_pair_logps(model, inputs)
-                losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
-                loss_sum = losses.sum()
-            (loss_sum * scale).backward()
-        totals += torch.stack([
+    def micro_loss(inputs: dict) -> tuple[Any, Any]:
+        with torch.no_grad():
+            ref = batch_pair_logps(reference, inputs, chunk_tokens=chunk_tokens)
+        policy = batch_pair_logps(model, inputs, chunk_tokens=chunk_tokens)
+        losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
+        loss_sum = losses.sum()
+        # loss, chosen reward, rejected reward, correct pairs, trained tokens: summed over the step
+        return loss_sum, torch.stack([
             loss_sum.detach(), chosen_rewards.sum(), rejected_rewards.sum(),
             (chosen_rewards > rejected_rewards).sum(), (policy["chosen_tokens"] + policy["rejected_tokens"]).sum(),
-        ]).double()
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(totals)
-    loss_total, chosen, rejected, correct, tokens = (float(x) for x in totals.tolist())
+        ])
+
+    local = sum(len(mb["chosen_segments"]) for mb in micro_batches)
+    step_pairs, totals = backward_micro_batches(model, micro_batches, local_count=local, micro_loss=micro_loss,
+                                                autocast_dtype=autocast_dtype)
+    loss_total, chosen, rejected, correct, tokens = totals
     n = max(step_pairs, 1)
     return StepResult(
         loss=loss_total / n, trained_tokens=int(tokens) if step_pairs else 0, pairs=step_pairs,

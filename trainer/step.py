@@ -12,6 +12,11 @@ spread over ranks (tests/integration/test_train_ddp_loss.py checks it against sa
 at a time). Averaging per-micro-batch means instead would weight a token of a short
 micro-batch more than one of a long micro-batch.
 
+The token losses come from the model's full logits (``chunk_tokens`` 0: B x L x V float32,
+as Hugging Face's loss) or from the chunked loss head (``chunk_tokens`` > 0,
+trainer/loss_head.py: the trained positions only, ``chunk_tokens`` x V logits at a time, the
+same sum to float rounding).
+
 Pure torch: no Ray. ``torch.distributed`` is used when it is initialised (DDP), else the step
 is single-process.
 
@@ -27,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from packfeed.client.model_inputs import num_trained_tokens
 from packfeed.client.rows import IGNORE_INDEX
+from packfeed.trainer.loss_head import trained_token_logps
 
 
 @dataclass(frozen=True)
@@ -39,14 +45,20 @@ class StepResult:
     rewards: Mapping[str, float] = field(default_factory=dict)  # DPO: chosen, rejected, margin, accuracy
 
 
-def token_loss_sum(model: Any, inputs: dict) -> Any:
+def token_loss_sum(model: Any, inputs: dict, *, chunk_tokens: int = 0) -> Any:
     """Sum of the causal-LM token losses of one micro-batch (fp32 scalar tensor).
 
     Token t predicts ``labels[t + 1]`` inside each row (Hugging Face's shift); positions whose
     label is IGNORE_INDEX (prompts, padding, first token of every sample) add nothing.
+    ``chunk_tokens`` 0: from the model's full logits (a B x L x V float32 copy and its
+    gradient); > 0: through the chunked loss head (``trained_token_logps``), at most
+    ``chunk_tokens`` positions' logits alive at a time.
     """
     import torch.nn.functional as F
 
+    if chunk_tokens:
+        logps, _ = trained_token_logps(model, inputs, chunk_tokens=chunk_tokens)
+        return -logps.sum()
     labels = inputs["labels"]
     kwargs = {key: value for key, value in inputs.items() if key != "labels"}
     logits = model(**kwargs).logits
@@ -60,35 +72,57 @@ def token_loss_sum(model: Any, inputs: dict) -> Any:
 
 
 def accumulate_gradients(
-    model: Any, micro_batches: Sequence[dict], *, autocast_dtype: Any = None
+    model: Any, micro_batches: Sequence[dict], *, autocast_dtype: Any = None, chunk_tokens: int = 0
 ) -> StepResult:
     """Forward and backward every micro-batch of one step; leaves the step's gradients in .grad.
 
     ``micro_batches``: this rank's model inputs (from ``to_model_inputs``), all already on the
     model's device. Every rank must call this with the same number of micro-batches (DDP
     synchronises on the last backward). ``autocast_dtype``: e.g. torch.bfloat16 on GPU, None
-    for fp32. Cost: one all_reduce of 1 scalar before and 1 after, plus DDP's gradient sync.
+    for fp32. ``chunk_tokens``: the loss head's chunk (``token_loss_sum``; 0: full logits).
+    Cost: one all_reduce of 1 scalar before and 1 after, plus DDP's gradient sync.
     """
-    import torch
+    def micro_loss(inputs: dict) -> tuple[Any, Any]:
+        loss_sum = token_loss_sum(model, inputs, chunk_tokens=chunk_tokens)
+        return loss_sum, loss_sum.detach().reshape(1)
+
+    local = sum(num_trained_tokens(mb) for mb in micro_batches)
+    step_tokens, totals = backward_micro_batches(model, micro_batches, local_count=local, micro_loss=micro_loss,
+                                                 autocast_dtype=autocast_dtype)
+    return StepResult(loss=float(totals[0]) / max(step_tokens, 1), trained_tokens=step_tokens)
+
+
+def backward_micro_batches(model: Any, micro_batches: Sequence[dict], *, local_count: int,
+                           micro_loss: Callable[[dict], tuple[Any, Any]], autocast_dtype: Any = None) -> tuple[int, Any]:
+    """The micro-batch loop of every objective (SFT here, DPO in trainer/dpo.py): (what the
+    step holds over every rank of what ``local_count`` counts on this one, the sums of the
+    micro-batches' figures over every rank, float64).
+
+    ``micro_loss(inputs)`` -> (the micro-batch's loss sum, a 1-D tensor of figures to report);
+    each loss sum backpropagates times ``world_size / step count`` (``step_count_and_scale``),
+    under the micro-batch's sync and autocast contexts (``micro_batch_contexts``). Every rank
+    must pass the same number of micro-batches. Cost: one all_reduce of a scalar before the
+    first backward, one of the figures after the last.
+    """
     import torch.distributed as dist
 
     if not micro_batches:
         raise ValueError("a step needs at least one micro-batch")
     device = micro_batches[0]["input_ids"].device
-    step_tokens, scale = step_count_and_scale(sum(num_trained_tokens(mb) for mb in micro_batches), device)
-
-    loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
+    count, scale = step_count_and_scale(local_count, device)
+    totals = None
     last = len(micro_batches) - 1
     for i, inputs in enumerate(micro_batches):
         sync, autocast = micro_batch_contexts(model, last=i == last, device=device, autocast_dtype=autocast_dtype)
         with sync:
             with autocast:
-                micro_sum = token_loss_sum(model, inputs)
-            (micro_sum * scale).backward()
-        loss_sum += micro_sum.detach().double()
+                loss_sum, figures = micro_loss(inputs)
+            (loss_sum * scale).backward()
+        figures = figures.detach().double()
+        totals = figures if totals is None else totals + figures
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(loss_sum)
-    return StepResult(loss=float(loss_sum.item()) / max(step_tokens, 1), trained_tokens=step_tokens)
+        dist.all_reduce(totals)
+    return count, totals.tolist()
 
 
 def step_count_and_scale(local_count: int, device: Any) -> tuple[int, float]:
@@ -122,12 +156,9 @@ def optimizer_step(model: Any, optimizer: Any, scheduler: Any, *, grad_clip: flo
     import torch
 
     lr = float(optimizer.param_groups[0]["lr"])
-    if grad_clip > 0:
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
-    else:
-        norm = float(torch.linalg.vector_norm(
-            torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
-        ))
+    # max_norm inf measures without clipping; a sharded model's norm is a DTensor over every rank's shards
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -20,7 +20,8 @@ pytest.importorskip("trl")
 from packfeed.client.pairs import pair_segments  # noqa: E402
 from packfeed.service.assets import demo_tokenizer_path  # noqa: E402
 from packfeed.trainer.config import ModelConfig  # noqa: E402
-from packfeed.trainer.dpo import LN2, DpoLoss, accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402
 from support.pair_rows import Pair, pack_pairs  # noqa: E402
 
