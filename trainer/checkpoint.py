@@ -1,6 +1,6 @@
-"""Checkpoints: model (``save_pretrained``), optimizer, scheduler, step and data position.
+"""Checkpoints: model, optimizer, scheduler, step and data position.
 
-Layout of one checkpoint directory::
+Layout of one checkpoint directory, ``sharding = "ddp"`` (rank 0 writes it)::
 
     model/                 save_pretrained: config.json + model.safetensors
     optimizer.pt           optimizer.state_dict()
@@ -8,6 +8,16 @@ Layout of one checkpoint directory::
     trainer_state.json     {"step": completed optimizer steps, "stream": the stream state after it
                            (client StreamState's record: cursor, step, config hash, seq_len),
                            "manifest": window first rows (delivery/manifest.py), "config": the run config}
+
+``sharding = "fsdp"``: every rank writes its shards, no rank ever holds the whole model::
+
+    sharded/               torch.distributed.checkpoint of {"model", "optimizer"} (keys are the
+                           parameters' names): .metadata + one __<rank>_0.distcp per rank
+    scheduler.pt, trainer_state.json   as above (rank 0)
+
+A sharded checkpoint loads at any world size: each rank reads the pieces of its own shards
+(DCP reshards the weights and the AdamW moments). The two layouts do not load into each other:
+``load_checkpoint`` says which sharding wrote a checkpoint.
 
 Ray Train copies the directory to ``<output>/ray/checkpoint_<step>`` (``ray.train.report``),
 ``<output>`` a local directory or a URI (``s3://bucket/runs/x``: Ray Train uploads it there);
@@ -28,31 +38,70 @@ from typing import Any, Iterator
 
 from packfeed.service import storage
 from packfeed.service.storage.errors import classify
+from packfeed.trainer.parallelize import is_sharded, unwrapped
+from packfeed.trainer.run_dir import ray_storage, read_text
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
+CHECKPOINTS_DIR = "checkpoints"  # a torchrun job's checkpoints under --output (trainer/torchrun.py)
 MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (delivery/manifest.py), under --output
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
-FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
-# Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
-# renamed to FINAL_DIR, so a final/ that exists is complete.
-FINAL_PARTIAL = ".final.partial"
-FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in FINAL_DIR
 SCAN_CACHE = "scan.npz"  # the inputs' scan manifest (inputs/scan_cache.py), under --output
+SHARDED_DIR = "sharded"  # a sharded (FSDP2) checkpoint's model and optimizer, torch.distributed.checkpoint
 
 
-def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict) -> None:
+def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict | None) -> None:
+    """Write a checkpoint into ``directory``. A sharded model (FSDP2): a collective, every rank
+    calls it with its own ``directory`` and writes its shards there; ``state`` None on all
+    ranks but rank 0, which writes the scheduler and the trainer state too. A whole model:
+    rank 0 alone calls it."""
     import torch
 
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory / "model")
-    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
-    torch.save(scheduler.state_dict(), directory / "scheduler.pt")
-    (directory / STATE_FILE).write_text(json.dumps(state, indent=1))
+    if is_sharded(model):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / SHARDED_DIR))
+    else:
+        model.save_pretrained(directory / "model")
+        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    if state is not None:
+        torch.save(scheduler.state_dict(), directory / "scheduler.pt")
+        (directory / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any) -> dict:
-    """Load weights and optimizer/scheduler state in place; returns the trainer state."""
+    """Load weights and optimizer/scheduler state in place; returns the trainer state. A
+    sharded model loads a sharded checkpoint (a collective: every rank calls it), at any world
+    size; a whole model a whole one. ValueError when the checkpoint's layout is the other one."""
+    import torch
+
+    sharded = (directory / SHARDED_DIR).is_dir()
+    if sharded != is_sharded(model):
+        wrote, runs = ("fsdp", "ddp") if sharded else ("ddp", "fsdp")
+        raise ValueError(f"checkpoint {directory} was written with sharding = \"{wrote}\", this run uses \"{runs}\": "
+                         f"resume with --sharding {wrote}, or start a new run (--overwrite)")
+    if sharded:
+        _load_sharded(directory / SHARDED_DIR, model, optimizer)
+    else:
+        _load_whole(directory, model, optimizer)
+    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+    return read_state(directory)
+
+
+def _load_sharded(directory: Path, model: Any, optimizer: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(directory))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _load_whole(directory: Path, model: Any, optimizer: Any) -> None:
     import torch
     from safetensors.torch import load_file
 
@@ -68,14 +117,21 @@ def load_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: A
     if missing or unexpected:
         raise ValueError(f"checkpoint {directory} does not match the model: missing {missing}, unexpected {unexpected}")
     optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
-    return read_state(directory)
+
+
+def full_state_dict(model: Any) -> dict:
+    """The whole model's state dict on rank 0, on the CPU (a sharded model's shards gathered one
+    tensor at a time: a collective, every rank calls it; other ranks get {}); a whole model's
+    own state dict. For ``save_pretrained(state_dict=...)`` of the final model."""
+    if not is_sharded(model):
+        return unwrapped(model).state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def read_state(directory: str | Path) -> dict:
     """The trainer state of the checkpoint ``directory`` (a path or a URI)."""
-    from packfeed.trainer.run_dir import read_text
-
     path = storage.join(os.fspath(directory), STATE_FILE)
     try:
         text = read_text(path)
@@ -91,34 +147,49 @@ def read_state(directory: str | Path) -> dict:
 
 def latest_checkpoint(output: str | Path) -> str | Path | None:
     """The checkpoint a resumed run starts from (a Path, or a URI when ``output`` is one), or
-    None: the latest one Ray Train registered (its snapshot; what ``ray.train.get_checkpoint()``
-    gives the workers of a new fit), so that a checkpoint whose upload was cut short is never
-    picked; without a snapshot, the one with the most completed steps."""
-    run_dir = storage.join(os.fspath(output), RUN_NAME)
+    None: the one with the most completed steps of those Ray Train registered under ``ray/``
+    (its snapshot; what ``ray.train.get_checkpoint()`` gives the workers of a new fit, so that
+    a checkpoint whose upload was cut short is never picked; without a snapshot, every one)
+    and those a torchrun job published under ``checkpoints/`` (trainer/torchrun.py: renamed
+    there once whole), so a run may change launchers between resumes."""
+    found = [_latest_of_ray(storage.join(os.fspath(output), RUN_NAME)),
+             _latest_in(storage.join(os.fspath(output), CHECKPOINTS_DIR))]
+    found = [f for f in found if f is not None]
+    return max(found, key=lambda f: f[1])[0] if found else None
+
+
+def _latest_of_ray(run_dir: str) -> tuple[str | Path, int] | None:
+    """(Ray Train's latest registered checkpoint, its step), or the latest in ``run_dir``
+    without a snapshot; None when there is none."""
+    if not storage.exists(storage.join(run_dir, RAY_SNAPSHOT)):
+        return _latest_in(run_dir)
+    from ray.train import Result  # ~2 s to import: only for a run Ray Train wrote
+
+    where = ray_storage(run_dir)
+    ray_train = logging.getLogger("ray.train")
+    level = ray_train.level
+    ray_train.setLevel(logging.WARNING)  # its INFO paragraph on finding a snapshot says nothing here
+    try:
+        checkpoint = Result.from_path(where["storage_path"], where.get("storage_filesystem")).checkpoint
+    finally:
+        ray_train.setLevel(level)
+    if checkpoint is None:
+        return None
+    name = posixpath.basename(checkpoint.path.rstrip("/"))
+    directory = storage.join(run_dir, name) if storage.is_remote(run_dir) else Path(checkpoint.path)
+    return directory, int(read_state(directory)["step"])
+
+
+def _latest_in(run_dir: str) -> tuple[str | Path, int] | None:
+    """(the checkpoint under ``run_dir`` with the most completed steps, its step), or None."""
     remote = storage.is_remote(run_dir)
-    if storage.exists(storage.join(run_dir, RAY_SNAPSHOT)):
-        from ray.train import Result
-
-        from packfeed.trainer.run_dir import ray_storage
-
-        where = ray_storage(run_dir)
-        ray_train = logging.getLogger("ray.train")
-        level = ray_train.level
-        ray_train.setLevel(logging.WARNING)  # its INFO paragraph on finding a snapshot says nothing here
-        try:
-            checkpoint = Result.from_path(where["storage_path"], where.get("storage_filesystem")).checkpoint
-        finally:
-            ray_train.setLevel(level)
-        if checkpoint is None:
-            return None
-        return storage.join(run_dir, posixpath.basename(checkpoint.path.rstrip("/"))) if remote else Path(checkpoint.path)
     best, best_step = None, -1
     for state in _state_files(run_dir):
         directory = state.rpartition("/")[0] if remote else Path(state).parent
         step = read_state(directory)["step"]
         if step > best_step:
             best, best_step = directory, step
-    return best
+    return None if best is None else (best, best_step)
 
 
 def _state_files(run_dir: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""RowFeeder: the training run's one reader of the packed stream, on the serve contract.
+"""RowFeeder: the training run's one reader of the packed stream, on the serve contract; and
+StreamFeeder, the RowFeeder a run's actor builds over the run's own stream.
 
 Ray Train's own dataset sharding (``streaming_split``) hands blocks to whichever worker asks
 first, so which rank trains on which row is not reproducible. packfeed instead reads the
@@ -29,6 +30,11 @@ collectives).
 Cost: every row passes through this actor once (one copy into the object store per
 micro-batch: ~0.4 MB for 8 rows of 4096 tokens); a request blocks only until the packers have
 produced the step's rows. The actor asks for no CPU.
+
+``StreamFeeder`` (the class the driver, trainer/run.py, makes the actor of) opens the run's
+stream inside the actor (``service/delivery/row_stream.open_stream``: the packing pipeline of
+the data config, or a packed directory as it is) and its manifest (``load_manifest``), then is
+a RowFeeder over it.
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ from typing import Any
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
+from packfeed.service import faults
 from packfeed.service.delivery.assign import check_request, split_micro_batches
 from packfeed.service.delivery.hub import OpenReader, RowHub
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused
+from packfeed.service.delivery.row_stream import open_stream
 from packfeed.service.delivery.steps import rank_batch
+from packfeed.service.pipeline.raycluster import quiet_ray
+from packfeed.service.tokenize.samples import SampleTokenizer
+from packfeed.trainer.checkpoint import MANIFEST_FILE
+from packfeed.trainer.run_dir import path
 
 logger = logging.getLogger(__name__)
 
@@ -174,3 +186,31 @@ def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:
         if saved.get("total_rows") is not None:
             manifest.record_end(int(saved["total_rows"]))
     return manifest
+
+
+class StreamFeeder(RowFeeder):
+    """The run's RowFeeder, built inside its actor over the run's stream (``open_stream``): the
+    packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir.
+    ``tokenizer``: the driver's ``SampleTokenizer.ship()``, for the catch-up path and the
+    packing actors (none of them imports transformers or proves steps 1-3 again)."""
+
+    def __init__(self, config: Any, packed_or_plan: Any, scaling: Any, *, output: str, state: dict | None,
+                 saved_manifest: dict | None, pad_id: int, tokenizer: Any, faults_env: dict | None = None,
+                 **layout: Any) -> None:
+        quiet_ray()
+        faults.adopt(faults_env)
+        loaded = SampleTokenizer(tokenizer, loss=config.loss, add_eos=config.add_eos, backend=config.tokenizer_backend)
+        stream = open_stream(packed_or_plan, config, tokenizer=loaded, scaling=scaling)
+        manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)
+        stream.seed_manifest(manifest)
+        if stream.mixture is not None:  # the checkpoint's mixture changes, then the loop's new ones
+            stream.mixture.attach(manifest)
+        self._sources = [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
+        super().__init__(
+            stream.open_reader, manifest, seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
+            state=state, stats=stream.stats, mixture=stream.mixture, **layout,
+        )
+
+    def sources(self) -> list[tuple[str, int]]:
+        """(name, first global sample id) of every source, in config order: the mixture hook's."""
+        return self._sources

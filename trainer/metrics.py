@@ -1,4 +1,5 @@
-"""Training metrics: interval aggregation, progress line, metrics.jsonl, loss curve, summary.
+"""Training metrics: interval aggregation, progress line, metrics.jsonl, loss curve, summary
+(``summarize``, and ``format_summary``, the lines the driver prints at the end).
 
 ``MetricsWindow`` accumulates per-step figures on every rank; ``close(...)`` turns an interval
 into one record (rank 0 writes it). Figures, each over the interval since the last record:
@@ -8,6 +9,9 @@ into one record (rank 0 writes it). Figures, each over the interval since the la
 - ``tokens_per_s``: real tokens (padding excluded) of all ranks per second of wall time;
 - ``fill``: real tokens / (rows * seq_len) of all ranks;
 - ``data_wait``: fraction of rank 0's wall time spent waiting for rows;
+- ``memory``: ``{"ranks": [...]}``, per rank ``peak_bytes`` (CUDA's max allocated since the
+  model was built; on CPU the process's peak RSS) and the bytes it holds of the parameters,
+  gradients and optimizer states (a shard of each under fsdp), at the interval's end;
 - ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
   against the GPU's dense bf16 peak), None on CPU or an unknown GPU;
 - objective "dpo" only (trainer/dpo.py): ``pairs`` (preference pairs of all ranks),
@@ -90,10 +94,12 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
     mfu = f" mfu {record['mfu']:.1%}" if record.get("mfu") is not None else ""
     dpo = (f"  margin {record['reward_margin']:+.4f}  accuracy {record['reward_accuracy']:.0%}"
            if "reward_margin" in record else "")
+    ranks = (record.get("memory") or {}).get("ranks")
+    peak = f"  peak {max(r['peak_bytes'] for r in ranks) / 2**30:.2f} GiB" if ranks else ""
     return (
         f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}  lr {record['lr']:.2e}  "
         f"{record['tokens_per_s']:,.0f} tok/s  fill {record['fill']:.1%}  "
-        f"data wait {record['data_wait']:.0%}{mfu}"
+        f"data wait {record['data_wait']:.0%}{mfu}{peak}"
     )
 
 
@@ -144,7 +150,36 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_data_wait": sum(r["data_wait"] * r["seconds"] for r in records) / seconds if seconds else 0.0,
         "train_seconds": seconds,
         **{f"last_{key}": records[-1][key] for key in ("reward_margin", "reward_accuracy") if key in records[-1]},
+        **({"memory": records[-1]["memory"]} if "memory" in records[-1] else {}),
     }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The closing summary ``packfeed train`` prints: one aligned line per figure of
+    ``summary`` (``summarize``'s, with the driver's packing, wall time and outcome)."""
+    packing = summary.get("packing") or {}
+    lines = [
+        ("steps", f"{summary.get('steps', 0)}" + (" (stopped early: data exhausted)" if summary.get("stopped_early") else "")),
+        ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
+        *([("DPO reward (last)", f"margin {summary['last_reward_margin']:+.4f}, accuracy "
+                                 f"{summary['last_reward_accuracy']:.0%}")] if "last_reward_margin" in summary else []),
+        ("real tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
+        ("row fill (trained rows)", f"{summary.get('mean_fill', 0):.1%}"),
+        ("data wait", f"{summary.get('mean_data_wait', 0):.1%}"),
+        ("packing efficiency", f"{(packing.get('efficiency') or 0):.1%} ({packing.get('rows') or 0:,} rows packed)"),
+        ("wall time", f"{summary.get('wall_seconds', 0):.1f} s"),
+        _outcome(summary),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def _outcome(summary: dict[str, Any]) -> tuple[str, str]:
+    """The summary's last line: the final model, or where a stopped run can continue from."""
+    stopped = summary.get("stopped")
+    if stopped is None:
+        return "final model", summary.get("final_model", "")
+    return "stopped", f"by {stopped['signal']} at step {stopped['step']}: resume from {stopped['checkpoint']}"
 
 
 def plot_loss(records: list[dict[str, Any]], path: str | Path) -> None:

@@ -74,16 +74,15 @@ def load_hook(spec: str | None) -> MixtureHook | None:
     return hook
 
 
-def call_hook(hook: MixtureHook, feeder: Any, info: MixtureStep) -> dict | None:
-    """Run the hook for one step and, when it returns weights, make the step's change (rank 0
-    says it once). Returns the change (client/mixture.py record + ``schedule_index``) or None."""
-    import ray
-
+def call_hook(hook: MixtureHook, runtime: Any, info: MixtureStep) -> dict | None:
+    """Run the hook for one step and, when it returns weights, make the step's change through
+    the rank's ``runtime`` (trainer/runtime.py; rank 0 says it once). Returns the change
+    (client/mixture.py record + ``schedule_index``) or None."""
     weights = hook(info)
     if weights is None:
         return None
     try:
-        change = ray.get(feeder.set_mixture.remote(info.step, dict(weights)))
+        change = runtime.set_mixture(info.step, dict(weights))
     except MixtureRefused as exc:  # every window is planned: the run goes on with the weights it has
         if info.rank == 0:
             logger.warning("step %d: the mixture hook's weights were not applied: %s", info.step, exc)

@@ -24,33 +24,65 @@ from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 logger = logging.getLogger(__name__)
 
 
-def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", seed: int = 0) -> Any:
-    """The model on ``device`` in float32 (autocast handles bf16), in train mode.
+def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", seed: int = 0,
+                empty: bool = False) -> Any:
+    """The model on ``device`` in float32 (autocast or FSDP's mixed precision handle bf16), in
+    train mode. ``empty``: a pretrained model's layout on the meta device, no weights read nor
+    memory taken (the sharded ranks other than 0: ``load_shards_from_rank0`` fills them).
 
     Raises ValueError when the tokenizer's ``vocab_size`` is larger than a pretrained model's
     embedding table (token ids would index past it); ``check_model`` says so before Ray starts.
     """
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     attn = select_attention(config.attn, device)
     torch.manual_seed(seed)
     if config.is_tiny:  # a known family: ModelConfig checked it
         model_config = tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
         model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attn)
+    elif empty:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.name),
+                                                     attn_implementation=attn, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(config.name, attn_implementation=attn, dtype=torch.float32)
-        embeddings = model.get_input_embeddings().num_embeddings
-        if vocab_size > embeddings:
-            raise ValueError(
-                f"the tokenizer has {vocab_size} tokens but {config.name!r} embeds only {embeddings}: "
-                "use the model's own tokenizer (--tokenizer) or resize the embeddings first"
-            )
+    embeddings = model.get_input_embeddings().num_embeddings
+    if vocab_size > embeddings:
+        raise ValueError(
+            f"the tokenizer has {vocab_size} tokens but {config.name!r} embeds only {embeddings}: "
+            "use the model's own tokenizer (--tokenizer) or resize the embeddings first"
+        )
     model.config.use_cache = False
-    model.to(device)
+    if not empty or config.is_tiny:
+        model.to(device)
     model.train()
     logger.info("model %s: %.2fM parameters, attention %s", config.name, num_parameters(model) / 1e6, attn)
     return model
+
+
+def load_shards_from_rank0(model: Any, whole: Any | None, *, device: Any) -> None:
+    """Give a sharded model built empty (``build_model(empty=True)`` then ``apply_fsdp``) its
+    weights from rank 0's ``whole`` model (None on the other ranks): rank 0 reads the
+    checkpoint once, each rank receives only its own shards (a broadcast per tensor), and the
+    buffers a state dict leaves out (rotary frequencies) come from rank 0 too. Peak: one whole
+    fp32 copy in rank 0's host memory, none on the other ranks. A collective."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, whole.state_dict() if whole is not None else {}, options=options)
+    kept = set(model.state_dict())
+    for name, buffer in model.named_buffers():
+        plain = name.replace("_checkpoint_wrapped_module.", "")
+        if plain in kept:
+            continue
+        if whole is not None:
+            with torch.no_grad():
+                buffer.copy_(whole.get_buffer(plain).to(buffer.device))
+        dist.broadcast(buffer, src=0)
 
 
 def check_model(config: ModelConfig, *, vocab_size: int) -> None:

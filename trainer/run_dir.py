@@ -8,6 +8,7 @@ file                          written by                              on an obje
 ``metrics.jsonl``             rank 0, a record every ``log_every``    the object written whole again (GET + PUT)
 ``rows/rank<k>.jsonl``        each rank, every step (``record_rows``)  the same
 ``ray/checkpoint_<step>/``    Ray Train (``ray_storage``)             Ray Train's upload, through the same store
+``checkpoints/checkpoint_<step>/``  every rank of a torchrun job         (a shared filesystem only)
 ``stream_manifest.json``      the feeder (delivery/manifest.py)       one PUT every few seconds
 ``scan.npz``                  the plan (inputs/scan_cache.py)         one PUT when a file was scanned
 ``final/``                    rank 0 and the driver (``publish_final``)  objects copied, ``FINAL_STATE`` last
@@ -29,8 +30,11 @@ from typing import Any
 
 from packfeed.service import storage
 from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, classify
-from packfeed.trainer.checkpoint import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
-
+FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
+# Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
+# renamed to FINAL_DIR, so a final/ that exists is complete.
+FINAL_PARTIAL = ".final.partial"
+FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in FINAL_DIR
 FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes its place
 
 
@@ -106,18 +110,20 @@ def _on_store(uri: str, what: str, fn) -> Any:
         raise storage.StorageError(storage.display(uri), f"{what} failed ({classify(exc).detail})") from None
 
 
-def save_final_model(model: Any, output: str | Path, step: int) -> None:
+def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: dict | None = None) -> None:
     """The final model into ``<output>/.final.partial`` (emptied first: a group restarted by
-    Ray Train may have left half a model there), ``FINAL_STATE`` last: it says the model is whole."""
+    Ray Train may have left half a model there), ``FINAL_STATE`` last: it says the model is whole.
+    ``state_dict``: the whole model's weights when ``model`` holds only a shard of them
+    (checkpoint.full_state_dict)."""
     partial = path(output, FINAL_PARTIAL)
     if not storage.is_remote(partial):
         shutil.rmtree(partial, ignore_errors=True)
-        model.save_pretrained(partial)
+        model.save_pretrained(partial, state_dict=state_dict)
         Path(partial, FINAL_STATE).write_text(json.dumps({"step": step}))
         return
     storage.delete_prefix(partial)
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
         Path(tmp, FINAL_STATE).write_text(json.dumps({"step": step}))
         upload_dir(Path(tmp), partial, last=FINAL_STATE)
 

@@ -1,22 +1,23 @@
-"""The per-worker training loop that Ray Train runs on every rank (``train_loop_per_worker``).
+"""The training loop every rank runs (``train_rank``), under Ray Train
+(``train_loop_per_worker``) or torchrun (trainer/torchrun.py): what differs is the
+``Runtime`` (trainer/runtime.py) that gives the rank its rows and keeps its checkpoints.
 
-It starts from ``ray.train.get_checkpoint()`` when there is one (after a worker died and Ray
-Train restarted the group: the latest checkpoint reported), else from the checkpoint of
-``--resume`` (``config["resume_from"]``), else from scratch. Each step:
-take this rank's micro-batches of the step from the RowFeeder (the next step is already
-requested, so packing overlaps compute; padding rows already fill the last step),
-``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step, DDP; with
+The model is built and laid out first (trainer/parallelize.py: activation checkpointing, then
+FSDP2 or DDP), then loaded from the runtime's checkpoint when it has one (a restarted worker
+group, ``--resume``). Each step: this rank's micro-batches of the step (the next step is
+already requested, so rows are read while the model computes; padding rows fill the last
+step), ``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step; with
 ``[train] objective = "dpo"``, ``dpo_micro_batch`` and the pair mean against a frozen reference
-model, trainer/dpo.py).
-Every ``log_every`` steps rank 0 writes a metrics record (progress line + metrics.jsonl);
-every ``checkpoint_every`` steps and at the last step every rank calls ``ray.train.report``
-(rank 0 with the checkpoint). At the end rank 0 saves the model into ``<output>/.final.partial``,
-which the driver completes with the tokenizer and publishes as ``final/`` (run_dir.py: on disk or
-on an object store).
+model, trainer/dpo.py), the loss through the chunked head (trainer/loss_head.py).
+Every ``log_every`` steps every rank gives its figures and rank 0 writes a metrics record
+(progress line + metrics.jsonl, with each rank's memory); every ``checkpoint_every`` steps and
+at the last step every rank checkpoints (``_checkpoint``). At the end rank 0 saves the model
+(a sharded one gathered first, one tensor at a time) into ``<output>/.final.partial``, which
+the driver completes with the tokenizer and publishes as ``final/`` (run_dir.py).
 
-When the driver stops the run (SIGTERM, SIGINT), the feeder answers ``STOP`` for the same step
-on every rank: each rank checkpoints the steps it completed (unless that step was just
-checkpointed) and returns without a final model.
+When the run is stopped (SIGTERM, SIGINT), every rank gets ``STOP`` for the same step: each
+checkpoints the steps it completed (unless that step was just checkpointed) and returns
+without a final model.
 """
 
 from __future__ import annotations
@@ -32,93 +33,106 @@ from typing import Any
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service import faults
-from packfeed.trainer.checkpoint import load_checkpoint, local_copy, save_checkpoint
-from packfeed.trainer.config import RunConfig
-from packfeed.trainer.dpo import accumulate_dpo_gradients, build_reference, check_pairs_trained, dpo_micro_batch
+from packfeed.trainer.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
+from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
 from packfeed.trainer.feeder import STOP
 from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
 from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
-from packfeed.trainer.model import build_model, flops_per_token
+from packfeed.trainer.model import build_model, flops_per_token, load_shards_from_rank0
 from packfeed.trainer.optim import build_optimizer
+from packfeed.trainer.parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    apply_sharding,
+    is_sharded,
+    memory_figures,
+    unwrapped,
+)
 from packfeed.trainer.run_dir import path, save_final_model
+from packfeed.trainer.state import TrainState
 from packfeed.trainer.step import accumulate_gradients, train_step
 
 logger = logging.getLogger(__name__)
 
+MEMORY_KEYS = ("peak_bytes", "param_bytes", "grad_bytes", "optimizer_bytes")  # parallelize.memory_figures
+
 
 def train_loop_per_worker(config: dict) -> None:
-    """``config``: {"run": RunConfig.to_dict(), "feeder": actor handle, "output": str,
-    "resume_from": checkpoint dir or None, "pad_id": int, "vocab_size": int}."""
-    import ray.train
-    import ray.train.torch
-    import torch
+    """Ray Train's entry on every rank. ``config``: {"run": RunConfig.to_dict(), "feeder":
+    actor handle, "output": str, "resume_from": checkpoint dir or None, "pad_id": int,
+    "vocab_size": int, "faults": the driver's fault injection settings}."""
+    from packfeed.trainer.runtime import RayRuntime
 
     faults.adopt(config.get("faults"))
+    runtime = RayRuntime(config["feeder"], resume_from=config.get("resume_from"))
+    _quiet_ray_train_logs()
     run = RunConfig.from_dict(config["run"])
+    train_rank(run, runtime, output=config["output"], vocab_size=config["vocab_size"])
+
+
+def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) -> None:
+    """The training loop of one rank (see the module docstring), under any launcher:
+    ``runtime`` (trainer/runtime.py) gives its rank, device, rows, checkpoints."""
+    import torch
+
     train, seq_len = run.train, run.data.seq_len
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    _quiet_worker_logs(rank)
-    device = ray.train.torch.get_device()
+    rank, world, device = runtime.rank, runtime.world_size, runtime.device
+    _quiet_rank_logs(rank)
     if device.type == "cpu":
         # Workers share the CPUs with the packing actors: one intra-op thread each.
         torch.set_num_threads(max(1, int(run.scaling.cpus_per_worker)))
-    output = config["output"]  # a local directory or a URI
-    feeder = config["feeder"]
 
-    model = build_model(run.model, vocab_size=config["vocab_size"], device=device, seed=train.seed)
+    model, reference = _build_models(run, vocab_size=vocab_size, device=device, rank=rank)
     to_inputs, accumulate = to_model_inputs, accumulate_gradients
-    if train.objective == "dpo":  # the reference is built before a checkpoint loads into the policy
-        reference = build_reference(run.model, train.dpo_reference, vocab_size=config["vocab_size"], device=device,
-                                    seed=train.seed)
+    if reference is not None:
         to_inputs = dpo_micro_batch
         accumulate = functools.partial(accumulate_dpo_gradients, reference=reference, loss=train.dpo_loss)
+    accumulate = functools.partial(accumulate, chunk_tokens=train.loss_chunk_tokens)
     optimizer, scheduler = build_optimizer(model, train)
     step = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            step = int(load_checkpoint(Path(directory), model=model, optimizer=optimizer, scheduler=scheduler)["step"])
-    elif config.get("resume_from"):
-        with local_copy(config["resume_from"]) as directory:
-            step = int(load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler)["step"])
-    ddp = ray.train.torch.prepare_model(model)
-    autocast = _autocast_dtype(train.precision, device)
+    with runtime.restore() as directory:
+        if directory is not None:
+            record = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler)
+            step = TrainState.from_dict(record).step
+    trained = apply_sharding(model, "ddp", device=device) if train.sharding == "ddp" else model
+    autocast = _autocast_dtype(train.precision, device) if train.sharding == "ddp" else None
     fpt = flops_per_token(model, seq_len)
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    peak_total = peak * world if peak else None
+    log = functools.partial(_log, rank=rank, output=output, max_steps=train.max_steps, device=device,
+                            flops_per_token=fpt, peak_total=peak * world if peak else None)
 
     last, start_step = train.last_step, step
     hook = load_hook(train.mixture_hook)
-    sources = ray.get(feeder.sources.remote()) if hook is not None else []
+    sources = runtime.sources() if hook is not None else []
     if rank == 0:
         keep_records_until(path(output, "metrics.jsonl"), start_step)
-    pending = feeder.get_step.remote(rank, step) if step < last else None
+    if step < last:
+        runtime.request_rows(step)
     window = MetricsWindow()
     lr = float(optimizer.param_groups[0]["lr"])
     reported, stopped = -1, False
     while step < last:
         wait_start = time.perf_counter()
-        rows = ray.get(pending)
+        rows = runtime.rows(step)
         wait = time.perf_counter() - wait_start
         if rows is None or rows == STOP:
-            # The stream ended, or the driver stops the run: every rank sees it at the same step.
+            # The stream ended, or the run stops: every rank sees it at the same step.
             if window.steps:
-                _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
-                     device=device, flops_per_token=fpt, peak_total=peak_total)
+                log(window, step=step, lr=lr, memory=memory_figures(model, optimizer, device))
             stopped = rows == STOP
             if rank == 0 and not stopped:
                 logger.warning("stopped_early: data exhausted at step %d of %d", step, last)
             break
         if step + 1 < last:
-            pending = feeder.get_step.remote(rank, step + 1)
+            runtime.request_rows(step + 1)
         micro = [to_inputs(r, device=device) for r in rows]
         lr = float(optimizer.param_groups[0]["lr"])
-        result = train_step(ddp, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast,
+        result = train_step(trained, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast,
                             accumulate=accumulate)
         step += 1
         if hook is not None:  # every rank: the step's change is made once
-            call_hook(hook, feeder, MixtureStep(
+            call_hook(hook, runtime, MixtureStep(
                 step=step, rank=rank, world_size=world, loss=result.loss, rows=rows, inputs=micro, model=model,
                 sources=tuple(name for name, _ in sources), first_ids=tuple(first for _, first in sources)))
         if train.objective == "dpo":
@@ -134,63 +148,117 @@ def train_loop_per_worker(config: dict) -> None:
             })
         final = step == last
         if step % train.log_every == 0 or final:
-            _log(window, step=step, lr=lr, rank=rank, output=output, max_steps=train.max_steps,
-                 device=device, flops_per_token=fpt, peak_total=peak_total)
+            log(window, step=step, lr=lr, memory=memory_figures(model, optimizer, device))
             window = MetricsWindow()
         if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
-            _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=result.loss)
+            _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=result.loss)
             reported = step
         faults.point("train-step", step, rank=rank)
     if step > start_step and reported != step:
         # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
-        _report(model, optimizer, scheduler, feeder, step=step, rank=rank, run=run, loss=float("nan"))
-    if rank == 0 and not stopped:
-        save_final_model(model, output, step)
+        _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=float("nan"))
+    if not stopped:
+        whole = full_state_dict(model)  # a sharded model's: gathered on rank 0 (every rank takes part)
+        if rank == 0:
+            save_final_model(model, output, step, state_dict=whole if is_sharded(model) else None)
+
+
+def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) -> tuple[Any, Any]:
+    """(the model to train, laid out by ``[train] sharding`` and ``activation_checkpointing``
+    (trainer/parallelize.py); the frozen DPO reference, sharded the same way, or None). Under
+    fsdp a pretrained model is read by rank 0 alone and every other rank receives its shards
+    (``load_shards_from_rank0``); a tiny model is built whole on every rank, from the same seed.
+    Under ddp the model stays unwrapped here: a checkpoint loads into it first."""
+    import torch
+
+    train = run.train
+    fsdp = train.sharding == "fsdp"
+    param_dtype = _autocast_dtype(train.precision, device) if fsdp else None
+
+    def build(config: Any, *, checkpointing: str) -> Any:
+        streams = fsdp and not config.is_tiny  # rank 0 reads, the others receive shards
+        model = build_model(config, vocab_size=vocab_size, device=device, seed=train.seed, empty=streams)
+        whole = None
+        if streams:
+            whole = build_model(config, vocab_size=vocab_size, device="cpu", seed=train.seed) if rank == 0 else None
+        apply_activation_checkpointing(model, checkpointing)
+        if fsdp:
+            apply_fsdp(model, param_dtype=param_dtype)
+        if streams:
+            load_shards_from_rank0(model, whole, device=device)
+            del whole
+        return model
+
+    model = build(run.model, checkpointing=train.activation_checkpointing)
+    reference = None
+    if train.objective == "dpo":  # built before a checkpoint loads into the policy: its initial weights
+        initial = train.dpo_reference == INITIAL_REFERENCE
+        reference = build(run.model if initial else ModelConfig(name=train.dpo_reference, attn=run.model.attn),
+                          checkpointing="off")
+        reference.eval()
+        reference.requires_grad_(False)
+        logger.info("DPO reference (frozen): %s", f"the initial weights of {run.model.name}" if initial
+                    else train.dpo_reference)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return model, reference
 
 
 def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str, max_steps: int, device: Any,
-         flops_per_token: float, peak_total: float | None) -> None:
-    """Close a metrics interval on every rank (one all_reduce); rank 0 writes and prints it."""
+         flops_per_token: float, peak_total: float | None, memory: dict[str, int]) -> None:
+    """Close a metrics interval on every rank (one all_reduce, one all_gather of this rank's
+    ``memory`` figures); rank 0 writes and prints it."""
     import torch
     import torch.distributed as dist
 
     totals = torch.tensor([window.real_tokens, window.slots], dtype=torch.float64, device=device)
+    mine = torch.tensor([memory[key] for key in MEMORY_KEYS], dtype=torch.int64, device=device)
+    ranks = [mine]
     if dist.is_initialized():
         dist.all_reduce(totals)
+        ranks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(ranks, mine)
     record = window.close(step=step, lr=lr, world_totals=(int(totals[0]), int(totals[1])),
                           flops_per_token=flops_per_token, peak_flops_total=peak_total)
+    record["memory"] = {"ranks": [dict(zip(MEMORY_KEYS, (int(x) for x in r.tolist()))) for r in ranks]}
     if rank == 0:
         append_jsonl(path(output, "metrics.jsonl"), record)
         logger.info(progress_line(record, max_steps))
 
 
-def _report(model: Any, optimizer: Any, scheduler: Any, feeder: Any, *, step: int, rank: int, run: RunConfig,
-            loss: float) -> None:
-    """ray.train.report on every rank (a collective); rank 0 attaches the checkpoint."""
-    import ray
-    import ray.train
-
+def _checkpoint(model: Any, optimizer: Any, scheduler: Any, runtime: Any, *, step: int, run: RunConfig,
+                loss: float) -> None:
+    """A checkpoint of ``step``, on every rank (a collective): rank 0 writes the whole model or
+    its shards, the scheduler and the trainer state (with the stream state after the step);
+    under fsdp every other rank its own shards; then each reports what it wrote."""
     metrics = {"step": step, "loss": loss}
-    if rank != 0:
-        ray.train.report(metrics)
+    if runtime.rank != 0 and not is_sharded(model):
+        runtime.report(step, metrics, None)
         return
-    state = {"step": step, **ray.get(feeder.state.remote(step)), "config": run.to_dict()}
+    state = None
+    if runtime.rank == 0:
+        stream = runtime.stream_state(step)  # {"stream": the StreamState record, "manifest": ...}
+        state = TrainState(step=step, stream=stream["stream"], manifest=stream["manifest"], config=run.to_dict())
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(Path(tmp), model=model, optimizer=optimizer, scheduler=scheduler, state=state)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                         checkpoint_dir_name=f"checkpoint_{step:06d}")
+        save_checkpoint(Path(tmp), model=unwrapped(model), optimizer=optimizer, scheduler=scheduler,
+                        state=None if state is None else state.to_dict())
+        runtime.report(step, metrics, Path(tmp))
 
 
-def _quiet_worker_logs(rank: int) -> None:
-    """Ray Train's per-step INFO lines (moving the model, wrapping it in DDP, every report) and
-    transformers' save progress bars say nothing to a packfeed user: warnings only. The model
-    and attention lines are the same on every rank: rank 0 says them."""
+def _quiet_rank_logs(rank: int) -> None:
+    """transformers' save progress bars say nothing to a packfeed user, and the model and
+    attention lines are the same on every rank: rank 0 says them."""
     from transformers.utils import logging as hf_logging
 
     if rank != 0:
-        for name in ("packfeed.trainer.model", "packfeed.trainer.attention", "packfeed.trainer.dpo"):
+        for name in ("packfeed.trainer.model", "packfeed.trainer.attention", "packfeed.trainer.dpo",
+                     "packfeed.trainer.memory_plan"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    hf_logging.disable_progress_bar()
 
+
+def _quiet_ray_train_logs() -> None:
+    """Ray Train's per-step INFO lines (moving the model, wrapping it, every report): warnings only."""
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     try:  # the per-report line's logger is named after its file, outside "ray.train"
         from ray.train.v2._internal.execution import context as train_context
@@ -198,7 +266,6 @@ def _quiet_worker_logs(rank: int) -> None:
         train_context.logger.setLevel(logging.WARNING)
     except (ImportError, AttributeError):
         pass  # moved in another Ray: the lines stay, nothing breaks
-    hf_logging.disable_progress_bar()
 
 
 def _autocast_dtype(precision: str, device: Any) -> Any:

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from packfeed.trainer.config import RunConfig, TrainConfig  # noqa: E402
-from packfeed.trainer.dpo import LN2, DpoLoss  # noqa: E402
+from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
 from packfeed.trainer.metrics import MetricsWindow, progress_line, summarize  # noqa: E402
 
 
@@ -88,20 +88,21 @@ def test_a_checkpoint_resumes_only_the_same_objective():
 
     from packfeed.service.data.config import DataConfig
     from packfeed.trainer.config import ModelConfig
-    from packfeed.trainer.run import check_resume
+    from packfeed.trainer.resume import check_resume
+    from packfeed.trainer.state import TrainState
 
     data = DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64)
     sft = RunConfig(data=data, model=ModelConfig(name="tiny-llama"))
     dpo = RunConfig(data=data, model=ModelConfig(name="tiny-llama"), train=TrainConfig(objective="dpo"))
     h = data.config_hash()
-    state = {"stream": {"version": 1, "config_hash": h, "seq_len": 64}, "manifest": {"key": f"{h}-f1"}}
+    state = {"step": 3, "stream": {"version": 1, "config_hash": h, "seq_len": 64}, "manifest": {"key": f"{h}-f1"}}
     plan = SimpleNamespace(fingerprint=lambda: "f1")
-    check_resume({**state, "config": dpo.to_dict()}, dpo, packed=None, plan=plan)
+    check_resume(TrainState.from_dict({**state, "config": dpo.to_dict()}), dpo, packed=None, plan=plan)
     old_sft = sft.to_dict()
     del old_sft["train"]["objective"]  # a checkpoint from before objectives existed: SFT
-    check_resume({**state, "config": old_sft}, sft, packed=None, plan=plan)
+    check_resume(TrainState.from_dict({**state, "config": old_sft}), sft, packed=None, plan=plan)
     with pytest.raises(ValueError, match="the checkpoint trained objective 'sft', this run's is 'dpo'"):
-        check_resume({**state, "config": old_sft}, dpo, packed=None, plan=plan)
+        check_resume(TrainState.from_dict({**state, "config": old_sft}), dpo, packed=None, plan=plan)
 
 
 def test_a_dpo_step_without_pairs_on_real_samples_is_refused():
@@ -118,7 +119,7 @@ def test_a_dpo_step_without_pairs_on_real_samples_is_refused():
 
 
 def test_the_closing_summary_shows_the_rewards_of_dpo_runs_only():
-    from packfeed.trainer.run import format_summary
+    from packfeed.trainer.metrics import format_summary
 
     dpo = format_summary({"steps": 3, "first_loss": 0.6931, "last_loss": 0.5, "last_reward_margin": 0.3,
                           "last_reward_accuracy": 0.7})

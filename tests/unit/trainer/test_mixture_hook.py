@@ -53,39 +53,32 @@ def test_the_hook_sees_each_segment_source():
     assert got.tolist() == [0, 0, 1, 1, -1]
 
 
-class Feeder:
-    """The part of the feeder actor a hook's weights reach (ray.get of a plain value)."""
+class Runtime:
+    """The part of a rank's runtime (trainer/runtime.py) a hook's weights reach."""
 
     def __init__(self) -> None:
         self.asked = []
-        self.set_mixture = types.SimpleNamespace(remote=self._set)
 
-    def _set(self, n: int, weights: dict):
+    def set_mixture(self, n: int, weights: dict):
         self.asked.append((n, weights))
         return {"step": n, "from_sample": 60, "window": 6, "weights": weights, "schedule_index": 0}
 
 
-def test_weights_ask_the_feeder_for_the_steps_change_and_none_asks_nothing(hooks_module, monkeypatch):
-    import ray
-
-    monkeypatch.setattr(ray, "get", lambda value: value)
-    feeder = Feeder()
+def test_weights_ask_the_feeder_for_the_steps_change_and_none_asks_nothing(hooks_module):
+    feeder = Runtime()
     assert call_hook(hooks_module.pause_web, feeder, step(1)) is None and feeder.asked == []
     for rank in (0, 1):
         assert call_hook(hooks_module.pause_web, feeder, step(2, rank))["from_sample"] == 60
     assert feeder.asked == [(2, {"web": 0.0, "code": 1.0})] * 2, "every rank asks; the feeder makes one change"
 
 
-def test_weights_that_come_too_late_are_not_applied_and_the_run_goes_on(hooks_module, monkeypatch, caplog):
-    import ray
-
+def test_weights_that_come_too_late_are_not_applied_and_the_run_goes_on(hooks_module, caplog):
     from packfeed.service.delivery.mixture_changes import MixtureRefused
 
     def planned_to_the_end(n, weights):
         raise MixtureRefused("every window of the stream is planned already")
 
-    monkeypatch.setattr(ray, "get", lambda value: value)
-    feeder = types.SimpleNamespace(set_mixture=types.SimpleNamespace(remote=planned_to_the_end))
+    feeder = types.SimpleNamespace(set_mixture=planned_to_the_end)
     with caplog.at_level("WARNING", logger="packfeed.trainer.mixture_hook"):
         assert call_hook(hooks_module.pause_web, feeder, step(2)) is None
     assert "step 2: the mixture hook's weights were not applied: every window" in caplog.text

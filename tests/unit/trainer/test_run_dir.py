@@ -13,7 +13,8 @@ from support.stores import keys, local_or_store, memory_store  # noqa: F401 - th
 
 from packfeed.service import storage
 from packfeed.trainer import run_dir
-from packfeed.trainer.checkpoint import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE, RUN_NAME, STATE_FILE
+from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
+from packfeed.trainer.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
 from packfeed.trainer.checkpoint import latest_checkpoint, local_copy, read_state
 from packfeed.trainer.metrics import append_jsonl, keep_records_until, read_jsonl
 
@@ -57,7 +58,7 @@ class Saves:
         self.files = files
         self.tokenizer = self
 
-    def save_pretrained(self, directory) -> None:
+    def save_pretrained(self, directory, state_dict=None) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         for name, data in self.files.items():
             Path(directory, name).write_bytes(data)
@@ -77,17 +78,17 @@ def test_the_final_model_is_published_whole_replacing_the_previous_one(where):
 
 
 def test_a_previous_run_on_a_store_is_kept_until_cleared_and_its_scan_manifest_stays(store):
-    from packfeed.trainer.run import _prepare_output
+    from packfeed.trainer.resume import prepare_output
 
     out = f"{store}/run"
-    assert _prepare_output(out, resume="auto", overwrite=False) == (None, None)
+    assert prepare_output(out, resume="auto", overwrite=False) == (None, None)
     for name in ("metrics.jsonl", "summary.json", "scan.npz", f"{RUN_NAME}/checkpoint_000002/{STATE_FILE}"):
         storage.write_bytes_atomic(f"{out}/{name}", json.dumps({"step": 2}).encode())
     with pytest.raises(ValueError, match=f"^{out} already holds a training run"):
-        _prepare_output(out, resume=False, overwrite=False)
-    found, clear = _prepare_output(out, resume="yes", overwrite=False)
+        prepare_output(out, resume=False, overwrite=False)
+    found, clear = prepare_output(out, resume="yes", overwrite=False)
     assert found == f"{out}/{RUN_NAME}/checkpoint_000002" and clear is None
-    found, clear = _prepare_output(out, resume=False, overwrite=True)
+    found, clear = prepare_output(out, resume=False, overwrite=True)
     assert found is None and len(keys(out)) == 4, "nothing removed before every check passed"
     clear()
     assert keys(out) == ["scan.npz"]

@@ -135,7 +135,7 @@ def test_cli_flags_override_the_config_file(tmp_path):
 def test_a_packed_directory_must_fit_the_run():
     from types import SimpleNamespace
 
-    from packfeed.trainer.run import check_packed_dir
+    from packfeed.trainer.resume import check_packed_dir
 
     info = {"config": {"data": {"seq_len": 512}, "tokenizer": {"name": "t", "vocab_size": 100, "pad_id": 0}}}
     tok = SimpleNamespace(name="t", vocab_size=100, pad_id=0)
@@ -150,28 +150,28 @@ def test_resume_auto_resumes_when_it_can_and_starts_otherwise(tmp_path):
     import json
 
     from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
-    from packfeed.trainer.run import _prepare_output
+    from packfeed.trainer.resume import prepare_output
 
     out = tmp_path / "run"
-    assert _prepare_output(out, resume="auto", overwrite=False) == (None, None)  # nothing there: start
+    assert prepare_output(out, resume="auto", overwrite=False) == (None, None)  # nothing there: start
     (out / RUN_NAME).mkdir(parents=True)
     (out / "metrics.jsonl").write_text("{}\n")  # an attempt that died before its first checkpoint
     with pytest.raises(ValueError, match="no checkpoint under .*pass --overwrite \\(or --resume auto\\)"):
-        _prepare_output(out, resume="yes", overwrite=False)
-    found, clear = _prepare_output(out, resume="auto", overwrite=False)
+        prepare_output(out, resume="yes", overwrite=False)
+    found, clear = prepare_output(out, resume="auto", overwrite=False)
     assert found is None and (out / "metrics.jsonl").exists(), "nothing is removed before every check passed"
     clear()
     assert not (out / "metrics.jsonl").exists(), "its leftovers are cleared"
     ckpt = out / RUN_NAME / "checkpoint_000003"
     ckpt.mkdir(parents=True)
     (ckpt / STATE_FILE).write_text(json.dumps({"step": 3}))
-    assert _prepare_output(out, resume="auto", overwrite=False) == (ckpt, None)
-    assert _prepare_output(out, resume="yes", overwrite=False) == (ckpt, None)
+    assert prepare_output(out, resume="auto", overwrite=False) == (ckpt, None)
+    assert prepare_output(out, resume="yes", overwrite=False) == (ckpt, None)
     with pytest.raises(ValueError, match="already holds a training run"):
-        _prepare_output(out, resume=False, overwrite=False)
+        prepare_output(out, resume=False, overwrite=False)
     (ckpt / STATE_FILE).write_text("")  # cut short
     with pytest.raises(ValueError, match="trainer_state.json is damaged"):
-        _prepare_output(out, resume="yes", overwrite=False)
+        prepare_output(out, resume="yes", overwrite=False)
 
 
 @pytest.mark.parametrize(("table", "value", "match"), [
@@ -194,14 +194,15 @@ def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
     from types import SimpleNamespace
 
     from packfeed.service.data.config import DataConfig
-    from packfeed.trainer.run import check_resume
+    from packfeed.trainer.resume import check_resume
+    from packfeed.trainer.state import TrainState
 
     run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
     h = run.data.config_hash()
     plan = SimpleNamespace(fingerprint=lambda: "f1")
     stream = {"version": 1, "config_hash": h, "seq_len": 64}  # a checkpoint's StreamState record
-    good = {"stream": stream, "manifest": {"key": f"{h}-f1"}, "config": run.to_dict()}
-    check_resume(good, run, packed=None, plan=plan)
+    good = {"step": 3, "stream": stream, "manifest": {"key": f"{h}-f1"}, "config": run.to_dict()}
+    check_resume(TrainState.from_dict(good), run, packed=None, plan=plan)
     for state, match in (
         ({**good, "stream": {**stream, "config_hash": "other"}}, "trained on data config other"),
         ({**good, "stream": {**stream, "seq_len": 128}}, "rows of 128 tokens"),
@@ -210,4 +211,4 @@ def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
          "model name 'tiny-qwen3'"),
     ):
         with pytest.raises(ValueError, match=match):
-            check_resume(state, run, packed=None, plan=plan)
+            check_resume(TrainState.from_dict(state), run, packed=None, plan=plan)

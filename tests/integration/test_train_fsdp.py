@@ -1,0 +1,143 @@
+"""`packfeed train --sharding fsdp` end to end: real `packfeed train` processes, each with its
+own embedded Ray (2 CPUs), 2 train workers (gloo), a tiny Llama, 4 packed rows of 256 tokens a
+step, a metrics record every step.
+
+* FSDP2 with full activation checkpointing and a chunked loss trains the losses (1e-4 relative,
+  step by step) and the final weights of DDP with the full logits;
+* SIGTERM mid-run stops every rank after the same step with a sharded checkpoint (each rank's
+  shards, no whole model); ``--resume`` with ONE worker and twice the gradient accumulation (the
+  same rows per step: DCP reshards the weights and AdamW's moments) trains the uninterrupted
+  run's losses and final weights;
+* ``summary.json`` says what each rank held: half the parameter and optimizer bytes under fsdp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from support.train import Train, corpus_head, wait_for_step
+
+from packfeed.service.assets import demo_tokenizer_path
+from packfeed.trainer.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.metrics import read_jsonl
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.integration
+
+STEPS = 10
+FSDP = ("--sharding", "fsdp", "--activation-checkpointing", "full", "--loss-chunk-tokens", "96")
+DDP_FULL_LOGITS = ("--sharding", "ddp", "--activation-checkpointing", "off", "--loss-chunk-tokens", "0")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fsdp-train")
+    inputs = corpus_head(root, 100)
+    path = root / "run.toml"
+    path.write_text(f"""
+[data]
+inputs = {json.dumps(inputs)}
+tokenizer = {json.dumps(demo_tokenizer_path())}
+seq_len = 256
+window_samples = 64
+
+[model]
+name = "tiny-llama"
+attn = "sdpa"
+
+[train]
+max_steps = {STEPS}
+micro_batch_rows = 2
+grad_accum = 1
+log_every = 1
+checkpoint_every = 0
+lr = 3e-3
+warmup_steps = 2
+record_rows = true
+
+[scaling]
+num_workers = 2
+cpus_per_worker = 0.5
+packing_workers = 1
+packing_cpus_per_worker = 0.5
+""")
+    return path
+
+
+def finished(config: Path, output: Path, *flags: str) -> Path:
+    code, out = Train(config, output, *flags).ended()
+    assert code == 0, out[-3000:]
+    return output
+
+
+def losses(output: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(output / "metrics.jsonl")}
+
+
+def final_weights(output: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(output / "final" / "model.safetensors"))
+
+
+def assert_same_training(a: Path, b: Path) -> None:
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
+    for step in la:
+        assert lb[step] == pytest.approx(la[step], rel=1e-4), step
+    wa, wb = final_weights(a), final_weights(b)
+    assert set(wa) == set(wb)
+    for name in wa:
+        err = float((wa[name] - wb[name]).norm() / wa[name].norm().clamp_min(1e-12))
+        assert err < 1e-4, name
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(config, tmp_path_factory) -> Path:
+    return finished(config, tmp_path_factory.mktemp("fsdp") / "run", *FSDP)
+
+
+def test_fsdp_with_checkpointing_and_a_chunked_loss_trains_what_ddp_trains(config, fsdp_run, tmp_path):
+    ddp = finished(config, tmp_path / "ddp", *DDP_FULL_LOGITS)
+    assert_same_training(ddp, fsdp_run)
+    first, last = losses(ddp)[1], losses(ddp)[STEPS]
+    assert last < first - 0.5, "the runs trained: equal losses are not those of an untouched model"
+
+
+def test_each_fsdp_rank_holds_half_the_parameter_and_optimizer_bytes(fsdp_run):
+    summary = json.loads((fsdp_run / "summary.json").read_text())
+    ranks = summary["memory"]["ranks"]
+    weights = final_weights(fsdp_run)
+    whole = sum(t.numel() * 4 for t in weights.values())
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert rank["param_bytes"] == pytest.approx(whole / 2, rel=0.05)
+        assert rank["optimizer_bytes"] == pytest.approx(whole, rel=0.05)  # two moments, half each
+        assert rank["peak_bytes"] > rank["param_bytes"]
+    assert sum(r["param_bytes"] for r in ranks) == whole
+
+
+def test_sigterm_then_resume_on_one_worker_trains_the_uninterrupted_run(config, fsdp_run, tmp_path):
+    output = tmp_path / "stopped"
+    run = Train(config, output, *FSDP)
+    wait_for_step(output, 2, run.alive)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    code, out = run.ended()
+    assert code == 143, out[-3000:]
+    checkpoint = Path(latest_checkpoint(output))
+    stop = int(read_state(checkpoint)["step"])
+    assert 2 <= stop < STEPS
+    files = {p.name for p in (checkpoint / "sharded").iterdir()}
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= files, "every rank's shards, in one checkpoint"
+    assert not (checkpoint / "model").exists(), "no rank wrote the whole model"
+    assert not run.left()
+
+    code, out = Train(config, output, *FSDP, "--resume", "--num-workers", "1", "--grad-accum", "2").ended()
+    assert code == 0, out[-3000:]
+    assert f"at step {stop}," in out
+    assert_same_training(fsdp_run, output)
