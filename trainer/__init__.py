@@ -1,9 +1,11 @@
 """packfeed.trainer: training on packed rows with block-causal attention.
 
 Attention back-end selection (flash-attn 2/4, PyTorch's varlen kernel, SDPA/eager on CPU) and
-tiny random model configs for demos and tests; the step (token mean over the whole optimizer
-step; DPO's pair mean on packed preference pairs, ``dpo``), the RowFeeder step plan and the Ray
-Train driver (``train``).
+tiny random model configs for demos and tests; the model's layout over the ranks (activation
+checkpointing, FSDP2 or DDP: ``parallelize``); the step (token mean over the whole optimizer
+step through the chunked loss head, ``trained_token_logps``; DPO's pair mean on packed
+preference pairs, ``dpo``); the memory plan (``plan_memory``); the Ray Train driver
+(``train``) and the torchrun one (``train_torchrun``).
 """
 
 from packfeed.trainer.attention import (
@@ -14,11 +16,16 @@ from packfeed.trainer.attention import (
     varlen_attention_forward,
 )
 from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.dpo import DpoLoss, accumulate_dpo_gradients, dpo_micro_batch
+from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch
+from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
+from packfeed.trainer.loss_head import trained_token_logps
+from packfeed.trainer.memory_plan import plan_memory
 from packfeed.trainer.model import build_model
+from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_fsdp, apply_sharding
 from packfeed.trainer.run import train
 from packfeed.trainer.step import accumulate_gradients, train_step
+from packfeed.trainer.torchrun import train_torchrun
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 
 __all__ = [
@@ -31,11 +38,17 @@ __all__ = [
     "TrainScaling",
     "accumulate_dpo_gradients",
     "accumulate_gradients",
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "apply_sharding",
     "dpo_micro_batch",
     "build_model",
     "packed_hf_dataset",
+    "plan_memory",
     "train",
     "train_step",
+    "train_torchrun",
+    "trained_token_logps",
     "TINY_FAMILIES",
     "VARLEN",
     "register_varlen_attention",

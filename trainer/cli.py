@@ -7,6 +7,13 @@ The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pa
 ``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.config``); the data flags
 of ``packfeed pack`` and the flags below override it. SIGTERM or SIGINT stop the run after a
 checkpoint (exit 143 / 130; ``packfeed.trainer.run``): continue it with ``--resume``.
+
+``--launcher torchrun`` runs this process as one rank of a torchrun (or srun) job, without Ray,
+on a packed directory or a ``packfeed serve`` (``--server``): ``packfeed.trainer.torchrun``.
+
+``--plan`` prints the per-GPU memory estimate of the run (``packfeed.trainer.memory_plan``) and
+exits 0 when it fits, 2 when not, reading only the model's config.json: no Ray, no data. A run
+checks the same plan before Ray starts (``--no-memory-check`` starts it anyway).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from packfeed.service.commands.args import (
     resolve_output,
 )
 
-HELP = "pack and train a causal LM on the packed rows (Ray Train; DDP or FSDP2)"
+HELP = "pack and train a causal LM on the packed rows (Ray Train or torchrun; DDP or FSDP2)"
 ORDER = 2
 
 
@@ -54,6 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="print the per-GPU memory estimate of this run and exit (0 fits, 2 does not); starts no Ray")
     m.add_argument("--no-memory-check", action="store_true",
                    help="start a run whose memory plan does not fit (the estimate may be pessimistic)")
+    launch = parser.add_argument_group("launcher")
+    launch.add_argument("--launcher", choices=("ray", "torchrun"), default="ray",
+                        help="ray: Ray Train workers, packing actors beside them (default); torchrun: this process is "
+                             "one rank of a torchrun/srun job, no Ray, rows from a packed directory or --server")
+    launch.add_argument("--server", metavar="HOST:PORT",
+                        help="--launcher torchrun: read the rows from this `packfeed serve` (each rank a client)")
+    launch.add_argument("--token", help="--server's bearer token (default $PACKFEED_AUTH_TOKEN)")
+    launch.add_argument("--tls-ca", help="--server: PEM of the CA that signed the server's certificate (TLS)")
+    launch.add_argument("--tls-server-name", help="--server: the name on the server's certificate, if not its host")
     o = parser.add_argument_group("output")
     o.add_argument("--output",
                    help="directory or URI (s3://bucket/prefix) for checkpoints, metrics.jsonl, loss.png, final/ "
@@ -101,13 +117,29 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.trainer.run import train
-
     base = load_config_file(args.config)
-    config = run_config_from_args(args, base)
+    config = run_config_from_args(args, base)  # names the inputs, reads none of them
+    if args.plan:  # [model], [train], [scaling] and seq_len only: no Ray, no data read
+        from packfeed.trainer.memory_plan import plan_memory
+
+        plan = plan_memory(config)
+        print(plan.format(), flush=True)
+        return 0 if plan.fits else 2
     directory = base.get("output", {}).get("dir", "runs/train")
     if not isinstance(directory, str) or not directory:
         raise ValueError(f"[output] dir must be a directory path, got {directory!r}")
     output = resolve_output(args.output or directory)  # a path or a URI (s3://bucket/runs/x)
-    train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite)
+    if args.launcher == "torchrun":  # this process is one rank; Ray is not imported
+        from packfeed.trainer.torchrun import train_torchrun
+
+        train_torchrun(config, output=output, resume=args.resume, overwrite=args.overwrite, server=args.server,
+                       token=args.token, tls_ca=args.tls_ca, tls_server_name=args.tls_server_name,
+                       no_memory_check=args.no_memory_check)
+        return 0
+    if args.server is not None:
+        raise ValueError("--server is for --launcher torchrun (under Ray, packfeed train packs its own rows)")
+    from packfeed.trainer.run import train
+
+    train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite,
+          no_memory_check=args.no_memory_check)  # the memory plan is checked before Ray starts
     return 0

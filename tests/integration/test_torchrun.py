@@ -1,0 +1,195 @@
+"""`packfeed train --launcher torchrun`: the trainer under torchrun, without Ray.
+
+Real processes: a `packfeed pack` of the bundled corpus's first lines (packed by the driver,
+no Ray), then `torchrun --standalone --nproc-per-node 2 --no-python packfeed train ...
+--launcher torchrun` (2 CPU ranks, gloo) against `packfeed train` under Ray Train on the same
+config and packed directory. Checked:
+
+* from the packed directory and from `packfeed serve` of it, the torchrun run trains the Ray
+  run's rows and losses, step by step (1e-5 relative), and its final weights; no Ray process
+  is started by the torchrun job;
+* SIGTERM to the job's process group (what `scancel` and Kubernetes do): every rank stops after
+  the same step with a checkpoint, the job exits, none of its processes is left a minute
+  later; `--resume` under torchrun reaches the end with the uninterrupted run's losses;
+* a config that needs Ray (raw inputs to pack) is refused in one line before training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from support.serve import REPO, GroupWatch, ServerProcess, kill_groups
+from support.train import PACKFEED, Train, corpus_head, wait_for_step
+
+from packfeed.service.assets import demo_tokenizer_path
+from packfeed.trainer.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.metrics import read_jsonl
+
+pytestmark = pytest.mark.integration
+
+STEPS = 8
+TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("torchrun-data")
+    inputs = corpus_head(root / "corpus", 100)
+    out = root / "packed"
+    proc = subprocess.run([PACKFEED, "pack", *inputs, "--tokenizer", demo_tokenizer_path(), "--seq-len", "256",
+                           "--window-samples", "64", "--output", str(out)], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "RAY_ADDRESS": ""}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return out
+
+
+def write_config(root: Path, inputs: list[str]) -> Path:
+    path = root / "run.toml"
+    path.write_text(f"""
+[data]
+inputs = {json.dumps(inputs)}
+tokenizer = {json.dumps(demo_tokenizer_path())}
+seq_len = 256
+
+[model]
+name = "tiny-llama"
+attn = "sdpa"
+
+[train]
+max_steps = {STEPS}
+micro_batch_rows = 2
+grad_accum = 1
+log_every = 1
+checkpoint_every = 0
+lr = 3e-3
+warmup_steps = 2
+record_rows = true
+
+[scaling]
+num_workers = 2
+cpus_per_worker = 0.5
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def config(packed, tmp_path_factory) -> Path:
+    return write_config(tmp_path_factory.mktemp("torchrun-config"), [str(packed)])
+
+
+class Torchrun:
+    """`torchrun --standalone --nproc-per-node 2 --no-python packfeed train ...` in its own
+    process group; every process of its tree watched."""
+
+    def __init__(self, config: Path, output: Path, *flags: str) -> None:
+        self.log = output.with_name(output.name + f"-{time.monotonic_ns()}.log")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python", PACKFEED, "train", "--config",
+                 str(config), "--output", str(output), "--launcher", "torchrun", *flags],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                env={**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1"})
+        self.watch = GroupWatch(self.proc.pid)
+        self.names: set[str] = set()  # every process name seen in its tree
+
+    def alive(self) -> bool:
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.names.add(child.name())
+        except psutil.NoSuchProcess:
+            pass
+        return self.proc.poll() is None
+
+    def ended(self, timeout: float = 300) -> tuple[int, str]:
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() > deadline:
+                kill_groups(self.watch.groups)
+                raise AssertionError(f"torchrun did not end in {timeout:.0f} s:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        return self.proc.returncode, self.log.read_text(errors="replace")
+
+
+def losses(output: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(output / "metrics.jsonl")}
+
+
+def trained_rows(output: Path) -> dict[tuple[int, int], list[int]]:
+    return {(r["step"], r["rank"]): r["row_index"] for path in sorted((output / "rows").glob("rank*.jsonl"))
+            for r in read_jsonl(path)}
+
+
+def assert_same_training(a: Path, b: Path) -> None:
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
+    for step in la:
+        assert lb[step] == pytest.approx(la[step], rel=1e-5), step
+    assert trained_rows(a) == trained_rows(b)
+
+
+@pytest.fixture(scope="module")
+def ray_run(config, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("ray") / "run"
+    code, out = Train(config, output).ended()
+    assert code == 0, out[-3000:]
+    return output
+
+
+def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, ray_run, tmp_path):
+    output = tmp_path / "run"
+    run = Torchrun(config, output)
+    code, out = run.ended()
+    assert code == 0, out[-3000:]
+    assert_same_training(ray_run, output)
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(ray_run / "final" / "model.safetensors")), load_file(str(output / "final" / "model.safetensors"))
+    assert all(float((a[k] - b[k]).abs().max()) < 1e-5 for k in a)
+    assert (output / "final" / "tokenizer.json").exists()
+    assert not {"raylet", "gcs_server"} & run.names, f"the torchrun job started Ray: {sorted(run.names)}"
+    assert json.loads((output / "summary.json").read_text())["launcher"] == "torchrun"
+
+
+def test_torchrun_from_a_server_trains_what_ray_train_trains(config, packed, ray_run, tmp_path):
+    with ServerProcess([str(packed)], log=tmp_path / "serve.log", state_dir=tmp_path / "state") as server:
+        output = tmp_path / "run"
+        code, out = Torchrun(config, output, "--server", server.target).ended()
+        assert code == 0, out[-3000:]
+    assert_same_training(ray_run, output)
+
+
+def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ray_run, tmp_path):
+    output = tmp_path / "run"
+    run = Torchrun(config, output)
+    wait_for_step(output, 2, run.alive)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    code, out = run.ended(timeout=120)
+    assert code != 0, "a stopped job does not say it finished"
+    checkpoint = Path(latest_checkpoint(output))
+    stop = int(read_state(checkpoint)["step"])
+    assert 2 <= stop < STEPS and checkpoint.parent.name == "checkpoints"
+    assert sorted(trained_rows(output)) == [(s, r) for s in range(1, stop + 1) for r in range(2)], \
+        "both ranks trained the same steps and stopped after the checkpointed one"
+    assert not (output / "final").exists()
+    assert not run.watch.left(timeout=60), "no process of the job is left"
+
+    code, out = Torchrun(config, output, "--resume").ended()
+    assert code == 0, out[-3000:]
+    assert f"at step {stop}," in out
+    assert_same_training(ray_run, output)
+
+
+def test_data_that_needs_packing_is_refused_before_training(tmp_path):
+    inputs = corpus_head(tmp_path / "corpus", 10)
+    config = write_config(tmp_path, inputs)
+    code, out = Torchrun(config, tmp_path / "run").ended(timeout=120)
+    assert code != 0
+    assert "packfeed train: error: --launcher torchrun trains on packed rows and does not start Ray to pack: pack " \
+           "the data first" in out

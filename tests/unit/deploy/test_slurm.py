@@ -1,0 +1,85 @@
+"""deploy/slurm/train.sbatch, checked offline: run by bash with SLURM's commands stubbed.
+
+Stand-ins for `srun` and `scontrol` (and the SLURM variables of a heterogeneous job: one CPU
+node, two GPU nodes) record what the script would start; every `packfeed` command line in it
+must be one packfeed's own parser accepts, the trainer under torchrun with the right
+rendezvous, the server on the CPU group. Nothing is started: no Ray, no socket.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.deploy import parse_entrypoint
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "deploy" / "slurm" / "train.sbatch"
+KNOWN_OPTIONS = {"job-name", "nodes", "ntasks-per-node", "cpus-per-task", "mem", "time", "output", "gpus-per-node",
+                 "exclusive"}
+
+
+def run_script(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[str]]:
+    """The script under bash with stubs; the argv of every srun call, in order."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "srun.log"
+    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {log}\necho >> {log}\n')
+    (bin_dir / "scontrol").write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr "," "\\n" <<< "$3"\n')
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST_HET_GROUP_0": "cpu1",
+             "SLURM_JOB_NODELIST_HET_GROUP_1": "gpu1,gpu2", "SLURM_JOB_NUM_NODES_HET_GROUP_1": "2"}
+    proc = subprocess.run(["bash", str(script)], env={**os.environ, **slurm, **env,
+                                                      "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [shlex.split(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def packfeed_command(argv: list[str]) -> list[str]:
+    return argv[argv.index("packfeed"):]
+
+
+def test_the_script_is_valid_bash_with_known_sbatch_options():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    options = [line.split()[1] for line in SCRIPT.read_text().splitlines() if line.startswith("#SBATCH ")]
+    names = {o.removeprefix("--").split("=")[0] for o in options if o != "hetjob"}
+    assert names <= KNOWN_OPTIONS, names - KNOWN_OPTIONS
+    assert options.count("hetjob") == 1, "one CPU component, one GPU component"
+
+
+def test_cpu_nodes_serve_and_gpu_nodes_train_under_torchrun(tmp_path):
+    serve, train = run_script(tmp_path)
+    assert serve[:2] == ["--het-group=0", "--ntasks=1"]
+    served = parse_entrypoint(shlex.join(packfeed_command(serve)))
+    assert served.command == "serve" and served.port == 50051 and served.host == "0.0.0.0"
+
+    assert train[0] == "--het-group=1" and "torchrun" in train
+    torchrun = train[train.index("torchrun"):train.index("packfeed")]
+    flags = dict(zip(torchrun[1::2], torchrun[2::2]))
+    assert flags["--nnodes"] == "2" and flags["--nproc-per-node"] == "8"
+    assert flags["--rdzv-endpoint"] == "gpu1:29400" and flags["--rdzv-backend"] == "c10d"
+    assert torchrun[-1] == "--no-python"
+    trained = parse_entrypoint(shlex.join(packfeed_command(train)))
+    assert trained.command == "train" and trained.launcher == "torchrun"
+    assert trained.server == "cpu1:50051" and trained.resume == "auto"
+
+
+def test_a_packed_directory_needs_no_server(tmp_path):
+    (train,) = run_script(tmp_path, PACKED="runs/packed")
+    trained = parse_entrypoint(shlex.join(packfeed_command(train)))
+    assert trained.server is None and trained.inputs == ["runs/packed"] and trained.launcher == "torchrun"
+
+
+@pytest.mark.parametrize("broken", ["--lancher torchrun", "--launcher slurm"])
+def test_the_check_rejects_a_command_packfeed_would(tmp_path, broken):
+    text = SCRIPT.read_text().replace("--launcher torchrun", broken)
+    copy = tmp_path / "train.sbatch"
+    copy.write_text(text)
+    (train,) = run_script(tmp_path, copy, PACKED="runs/packed")
+    with pytest.raises(AssertionError, match="packfeed refuses"):
+        parse_entrypoint(shlex.join(packfeed_command(train)))

@@ -1,0 +1,390 @@
+"""``packfeed train --launcher torchrun``: the trainer without Ray, one process per rank.
+
+::
+
+    torchrun --nproc-per-node 8 --no-python packfeed train --config run.toml --launcher torchrun runs/packed
+    torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29400 --no-python \\
+        packfeed train --config run.toml --launcher torchrun --server PACKER:50051
+
+Each process is one rank (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` from torchrun; NCCL on GPUs,
+gloo on CPU) and runs the loop every Ray Train worker runs (worker.py ``train_rank``): the same
+step, attention choice, objectives, sharding, checkpoints, metrics. What Ray gave it comes from
+a ``TorchrunRuntime`` instead:
+
+* rows: from a packed directory (``INPUT``; each rank reads the directory itself, through the
+  same RowFeeder and serve contract as Ray's feeder actor, and keeps only its own rows of each
+  step) or from a running ``packfeed serve`` (``--server``; each rank is one client of rank k of
+  N, its exactly-once stream state saved in every checkpoint). Data that would need packing is
+  refused before training starts: pack it first, or serve it.
+* checkpoints: every rank writes its part into ``<output>/checkpoints/.partial-checkpoint_N``
+  (a shared filesystem, as every multi-node torchrun job has); after a barrier rank 0 renames
+  it ``checkpoint_N`` (so a checkpoint that exists is whole) and keeps ``keep_checkpoints``.
+* stop: SIGTERM or SIGINT (``scancel``, Kubernetes, Ctrl-C, torchrun forwarding them) sets a
+  flag; before each step the ranks agree (an all_reduce of one number) and all stop after the
+  same step, checkpoint it, and exit 143 / 130. torchrun gives its workers 30 s after forwarding
+  a signal, SLURM ``KillWait`` (30 s by default): a step and a checkpoint must fit.
+* the driver's duties fall to rank 0: the checks before training (output, resume, tokenizer,
+  model, memory plan), the summary, ``final/`` with the tokenizer. A process torchrun restarts
+  (``--max-restarts``) resumes from the latest checkpoint by itself.
+
+Ray is not imported in this mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from packfeed.client.rows import PackedRows
+from packfeed.client.state import StreamState
+from packfeed.service import storage
+from packfeed.service.delivery.assign import split_micro_batches
+from packfeed.service.delivery.row_stream import find_packed_dir, packed_dir_stream
+from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from packfeed.trainer.config import RunConfig
+from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
+
+logger = logging.getLogger(__name__)
+
+PARTIAL_PREFIX = ".partial-"  # a checkpoint being written: not matched by checkpoint_* globs
+
+
+class DirectoryRows:
+    """A packed directory's rows for one rank, read in this process by the serve contract
+    (a RowFeeder of its own over the directory: the rows of rank k of step s are those of Ray's
+    feeder actor). ``state``: the checkpoint's stream state and manifest (None: the start)."""
+
+    def __init__(self, packed: Any, run: RunConfig, *, world_size: int, rank: int, pad_id: int,
+                 state: dict | None) -> None:
+        stream = packed_dir_stream(packed.path, packed.info)
+        manifest = load_manifest(stream.manifest_key, None, (state or {}).get("manifest"))
+        stream.seed_manifest(manifest)
+        self.rank = rank
+        self.feeder = RowFeeder(stream.open_reader, manifest, world_size=world_size,
+                                grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows,
+                                seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
+                                state=(state or {}).get("stream"), capacity=run.feeder_buffer_rows)
+        self.sources_ = [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
+
+    def get(self, step: int) -> list[PackedRows] | None:
+        return self.feeder.get_step(self.rank, step)
+
+    def state(self, step: int) -> dict:
+        return self.feeder.state(step)
+
+    def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
+        return self.feeder.set_mixture(step, weights)
+
+    def close(self) -> None:
+        self.feeder.hub.close()
+
+
+class ServerRows:
+    """A running ``packfeed serve``'s rows for one rank: a client of rank k of N whose batches
+    are the rank's rows of consecutive steps (``grad_accum x micro_batch_rows`` rows each);
+    ``state``: the checkpoint's stream state (the client's exactly-once record)."""
+
+    def __init__(self, target: str, run: RunConfig, *, world_size: int, rank: int, state: dict | None,
+                 token: str | None, tls_ca: str | None, tls_server_name: str | None) -> None:
+        from packfeed.client.stream import PackedStream
+
+        self.grad_accum = run.train.grad_accum
+        self.first_step = StreamState.resume_from((state or {}).get("stream")).step
+        self.stream = PackedStream(target, rank=rank, world_size=world_size,
+                                   batch_rows=run.train.grad_accum * run.train.micro_batch_rows,
+                                   state=(state or {}).get("stream"), token=token, tls_ca=tls_ca,
+                                   tls_server_name=tls_server_name)
+        info = self.stream.describe()
+        if info.seq_len != run.data.seq_len:
+            raise ValueError(f"the server at {target} streams rows of {info.seq_len} tokens, the run's seq_len is "
+                             f"{run.data.seq_len}: set seq_len = {info.seq_len}")
+        self.sources_ = [(s.name, int(s.first_sample_id)) for s in info.sources]
+
+    def get(self, step: int) -> list[PackedRows] | None:
+        batch = next(self.stream, None)
+        if batch is None:
+            return None
+        return split_micro_batches(batch.rows, self.grad_accum)
+
+    def state(self, step: int) -> dict:
+        return {"stream": self.stream.state_dict(), "manifest": None}
+
+    def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
+        return self.stream.set_mixture(weights, step=step)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class StopFlag:
+    """SIGTERM / SIGINT ask for a stop; every later signal is the same request (torchrun
+    forwards the one the process group already got). ``name``: the first signal's."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopFlag":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.name is None:
+            self.name = signal.Signals(signum).name
+            logger.info("%s: every rank stops after the step it is in, with a checkpoint", self.name)
+
+
+class TorchrunRuntime:
+    """One torchrun rank's runtime (trainer/runtime.py): ``source`` its rows (``DirectoryRows``
+    or ``ServerRows``), checkpoints under ``<output>/checkpoints``, the stop agreed by all ranks."""
+
+    def __init__(self, source: Any, *, output: Path, resume_from: Path | None, keep: int, stop: StopFlag,
+                 rank: int, world_size: int, device: Any) -> None:
+        self.source, self.output, self.resume_from, self.keep, self.stop = source, output, resume_from, keep, stop
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.stopped_at: int | None = None
+
+    def request_rows(self, step: int) -> None:
+        """Nothing to ask: both sources read ahead by themselves."""
+
+    def rows(self, step: int) -> Any:
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if self.stop.name else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            self.stopped_at = step
+            return STOP
+        return self.source.get(step)
+
+    def sources(self) -> list[tuple[str, int]]:
+        return self.source.sources_
+
+    def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
+        return self.source.set_mixture(step, weights)
+
+    def stream_state(self, step: int) -> dict:
+        return self.source.state(step)
+
+    @contextlib.contextmanager
+    def restore(self) -> Iterator[Path | None]:
+        yield self.resume_from
+
+    def report(self, step: int, metrics: dict, directory: Path | None) -> None:
+        """Every rank's files of the checkpoint of ``step`` into one directory; rank 0 publishes
+        it once all have written (a barrier), then drops the oldest beyond ``keep``."""
+        import torch.distributed as dist
+
+        root = self.output / CHECKPOINTS_DIR
+        name = f"checkpoint_{step:06d}"
+        partial = root / f"{PARTIAL_PREFIX}{name}"
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # a previous attempt's, cut short
+        dist.barrier()
+        if directory is not None:
+            shutil.copytree(directory, partial, dirs_exist_ok=True)
+        dist.barrier()
+        if self.rank == 0:
+            shutil.rmtree(root / name, ignore_errors=True)
+            os.rename(partial, root / name)
+            for old in sorted(root.glob("checkpoint_*"))[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+
+
+def distributed_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; ValueError outside torchrun."""
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    except KeyError:
+        raise ValueError("--launcher torchrun: RANK and WORLD_SIZE are not set; start it with `torchrun "
+                         "--nproc-per-node N --no-python packfeed train ... --launcher torchrun`") from None
+
+
+def refuse_what_needs_ray(run: RunConfig, *, server: str | None, output: str) -> Any:
+    """The packed directory the run trains on (None with ``server``); ValueError, one line with
+    the fix, for what only the Ray launcher can do: data to pack, placement, an object-store
+    output. Reads the packed directory's metadata only."""
+    placement = [name for name in ("trainer_labels", "driver_labels") if getattr(run.scaling, name) is not None]
+    placement += ["trainer_resources"] if run.scaling.trainer_resources else []
+    if placement:
+        raise ValueError(f"[scaling] {', '.join(placement)} place Ray Train workers; under torchrun the launcher "
+                         "(srun, the job's nodes) places the ranks: remove them")
+    if storage.is_remote(output):
+        raise ValueError(f"--launcher torchrun writes checkpoints from every rank into --output: give a shared "
+                         f"filesystem path, not {storage.display(output)}")
+    if server is not None:
+        return None
+    packed = find_packed_dir(run.data.inputs)
+    if packed is None:
+        raise ValueError("--launcher torchrun trains on packed rows and does not start Ray to pack: pack the data "
+                         "first (`packfeed pack ... --output DIR`, then train on DIR) or run `packfeed serve` on "
+                         "the CPU nodes and pass --server HOST:PORT")
+    if run.train.mixture_hook is not None:
+        raise ValueError("[train] mixture_hook changes the mixture, and a packed directory's rows are fixed: train "
+                         "from `packfeed serve --config` (--server) to change it during the run")
+    return packed
+
+
+def device_for(run: RunConfig, local_rank: int) -> Any:
+    """CUDA device ``local_rank`` when the node has GPUs and ``[scaling] use_gpu`` allows, else the CPU."""
+    import torch
+
+    if run.scaling.use_gpu != "no" and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if run.scaling.use_gpu == "yes":
+        raise ValueError("[scaling] use_gpu = yes, but this node has no CUDA GPU")
+    return torch.device("cpu")
+
+
+def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = False, overwrite: bool = False,
+                   server: str | None = None, token: str | None = None, tls_ca: str | None = None,
+                   tls_server_name: str | None = None, no_memory_check: bool = False) -> dict[str, Any] | None:
+    """This process's rank of a torchrun job (see the module docstring); rank 0 returns the
+    summary, the others None. ``[scaling] num_workers`` is the launcher's world size. Raises
+    ValueError (every rank, the same line) for what rank 0's checks refuse, ``Terminated`` /
+    ``KeyboardInterrupt`` after a stop's checkpoint."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    rank, world, local_rank = distributed_env()
+    output = Path(storage.display(str(output)))
+    packed = refuse_what_needs_ray(run, server=server, output=str(output))
+    if run.scaling.num_workers != world:
+        run = dataclasses.replace(run, scaling=dataclasses.replace(run.scaling, num_workers=world))
+    device = device_for(run, local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        with StopFlag() as stop:
+            checked = [_checks(run, output, packed=packed, server=server, resume=resume, overwrite=overwrite,
+                               no_memory_check=no_memory_check) if rank == 0 else None]
+            dist.broadcast_object_list(checked, src=0)
+            checked = checked[0]
+            if checked["error"]:
+                raise ValueError(checked["error"])
+            if checked["done"] is not None:
+                return checked["done"] if rank == 0 else None
+            resume_from = Path(checked["resume_from"]) if checked["resume_from"] else None
+            state = checked["state"]
+            if server is None:
+                source = DirectoryRows(packed, run, world_size=world, rank=rank, pad_id=checked["pad_id"], state=state)
+            else:
+                source = ServerRows(server, run, world_size=world, rank=rank, state=state, token=token, tls_ca=tls_ca,
+                                    tls_server_name=tls_server_name)
+            runtime = TorchrunRuntime(source, output=output, resume_from=resume_from, keep=run.train.keep_checkpoints,
+                                      stop=stop, rank=rank, world_size=world, device=device)
+            started = time.perf_counter()
+            try:
+                from packfeed.trainer.worker import train_rank
+
+                train_rank(run, runtime, output=str(output), vocab_size=checked["vocab_size"])
+            finally:
+                source.close()
+            summary = _finish(run, output, packed, runtime, started) if rank == 0 else None
+            dist.barrier()
+            if runtime.stopped_at is not None:
+                raise KeyboardInterrupt if stop.name == "SIGINT" else _terminated()
+            return summary
+    finally:
+        dist.destroy_process_group()
+
+
+def _terminated() -> BaseException:
+    from packfeed.service.pipeline.raycluster import Terminated
+
+    return Terminated()
+
+
+def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, resume: bool | str, overwrite: bool,
+            no_memory_check: bool) -> dict[str, Any]:
+    """Rank 0's checks before any rank builds a model, as the Ray driver makes them: {"error":
+    a user's line or None, "done": a finished run's summary or None, "resume_from", "state",
+    "vocab_size", "pad_id"}. A process torchrun restarted resumes from the latest checkpoint."""
+    from packfeed.service.tokenize.samples import load_tokenizer
+    from packfeed.trainer.memory_plan import check_memory_plan
+    from packfeed.trainer.model import check_model
+    from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, \
+        saved_summary
+    from packfeed.trainer.run_dir import write_json
+
+    try:
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+            resume, overwrite = "auto", False  # torchrun started the job again after a rank died
+        resume_from, clear_previous = prepare_output(output, resume=resume, overwrite=overwrite)
+        state = read_train_state(resume_from) if resume_from is not None else None
+        tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
+                                   backend=run.data.tokenizer_backend)
+        if packed is not None:
+            check_packed_dir(storage.display(packed.path), packed.info, run.data.seq_len, tokenizer)
+        if state is not None:
+            if packed is not None:  # a server checks the stream state it is given itself
+                check_resume(state, run, packed=packed.info, plan=None)
+            done = finished(state, run)
+            if done is not None:
+                logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", output, done[0], resume_from,
+                            done[1])
+                return {"error": None, "done": saved_summary(output, state)}
+            print(f"resuming from {resume_from} at step {state.step}, stream cursor {state.cursor}", flush=True)
+        check_model(run.model, vocab_size=tokenizer.vocab_size)
+        check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
+        if clear_previous is not None:
+            clear_previous()
+        output.mkdir(parents=True, exist_ok=True)
+        write_json(str(output / "config.json"), run.to_dict())
+        where = f"the packed directory {packed.path}" if packed is not None else f"the server at {server}"
+        print(f"training {run.model.name} on {run.scaling.num_workers} rank(s) (torchrun) from {where}, "
+              f"{run.scaling.num_workers * run.train.grad_accum * run.train.micro_batch_rows} rows of "
+              f"{run.data.seq_len} per step, steps {state.step if state else 0}->{run.train.last_step} -> {output}",
+              flush=True)
+        return {"error": None, "done": None, "resume_from": str(resume_from) if resume_from else None,
+                "state": state.to_dict() if state is not None else None, "vocab_size": tokenizer.vocab_size,
+                "pad_id": tokenizer.pad_id}
+    except ValueError as exc:
+        return {"error": str(exc), "done": None}
+
+
+def _finish(run: RunConfig, output: Path, packed: Any, runtime: TorchrunRuntime, started: float) -> dict[str, Any]:
+    """Rank 0 after the loop: the summary (``stopped`` when a signal stopped the run), the loss
+    curve, ``final/`` with the tokenizer."""
+    from packfeed.service.tokenize.samples import load_tokenizer
+    from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
+    from packfeed.trainer.metrics import format_summary
+    from packfeed.trainer.run_dir import publish_final, write_json
+
+    records = read_jsonl(str(output / "metrics.jsonl"))
+    summary = summarize(records)
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["launcher"] = "torchrun"
+    if packed is not None:
+        stats = packed.info.get("stats", {})
+        summary["packing"] = {k: stats.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
+    if runtime.stopped_at is not None:
+        checkpoint = latest_checkpoint(output)
+        summary["stopped"] = {"signal": runtime.stop.name, "step": runtime.stopped_at, "checkpoint": str(checkpoint)}
+        logger.info("stopped at step %d of %d (%s): checkpoint %s; continue with `packfeed train ... --launcher "
+                    "torchrun --resume` (the same config and --output)", runtime.stopped_at, run.train.last_step,
+                    runtime.stop.name, checkpoint)
+    else:
+        tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
+                                   backend=run.data.tokenizer_backend)
+        summary["final_step"] = publish_final(output, tokenizer)
+        summary["final_model"] = str(output / "final")
+    if records:
+        plot_loss(records, str(output / "loss.png"))
+    write_json(str(output / "summary.json"), summary)
+    print(format_summary(summary), flush=True)
+    return summary
