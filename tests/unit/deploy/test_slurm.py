@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,10 @@ def run_script(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[s
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "srun.log"
-    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nprintf "%q " "$@" >> {log}\necho >> {log}\n')
+    # The server's srun runs in the background and the script's exit trap sends it SIGTERM: the
+    # script runs with SIGTERM ignored (inherited by the stubs from their start, before any trap
+    # of theirs could be set), and the test waits for every line.
+    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nline="$(printf "%q " "$@")"\necho "$line" >> {log}\n')
     (bin_dir / "scontrol").write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr "," "\\n" <<< "$3"\n')
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
@@ -35,9 +40,17 @@ def run_script(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[s
              "SLURM_JOB_NODELIST_HET_GROUP_1": "gpu1,gpu2", "SLURM_JOB_NUM_NODES_HET_GROUP_1": "2"}
     proc = subprocess.run(["bash", str(script)], env={**os.environ, **slurm, **env,
                                                       "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     assert proc.returncode == 0, proc.stderr
-    return [shlex.split(line) for line in log.read_text().splitlines() if line.strip()]
+    expected = 1 if "PACKED" in env else 2  # with a packed directory no server is started
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [shlex.split(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+        if len(lines) >= expected:
+            return sorted(lines, key=lambda argv: argv[0])  # --het-group=0 (serve) before --het-group=1
+        time.sleep(0.05)
+    raise AssertionError(f"srun was called {len(lines)} time(s), expected {expected}")
 
 
 def packfeed_command(argv: list[str]) -> list[str]:
