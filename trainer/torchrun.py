@@ -262,8 +262,8 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
     import torch.distributed as dist
 
     rank, world, local_rank = distributed_env()
-    output = Path(storage.display(str(output)))
-    packed = refuse_what_needs_ray(run, server=server, output=str(output))
+    packed = refuse_what_needs_ray(run, server=server, output=os.fspath(output))
+    output = Path(output)
     if run.scaling.num_workers != world:
         run = dataclasses.replace(run, scaling=dataclasses.replace(run.scaling, num_workers=world))
     device = device_for(run, local_rank)
