@@ -23,7 +23,7 @@ from packfeed.trainer.tiny_models import TINY_FAMILIES
 PRECISIONS = ("auto", "fp32", "bf16")
 SHARDINGS = ("ddp", "fsdp")
 ACTIVATION_CHECKPOINTING = ("off", "full", "offload")
-DEFAULT_LOSS_CHUNK_TOKENS = 1024  # 1024 x a 152k vocabulary: 0.6 GB of fp32 logits a chunk
+DEFAULT_LOSS_CHUNK_TOKENS = 1024  # x a 152k vocabulary: 0.6 GB of fp32 logits a chunk, ~1.9 GB with log-softmax and gradient
 OBJECTIVES = ("sft", "dpo")
 INITIAL_REFERENCE = "initial"  # dpo_reference: a frozen copy of the weights the run starts from
 MIN_FEEDER_BUFFER_ROWS = 2 * PIECE_ROWS  # the hub's smallest buffer
@@ -214,8 +214,8 @@ class TrainScaling:
     ``packfeed/role`` defaults when the cluster's nodes carry that label, nothing otherwise.
     ``trainer_resources``: custom resources each train worker asks for (e.g. {"gpu_slot" = 1}).
     ``gpu_memory_gb``: the memory of one train worker's GPU, for the memory plan
-    (trainer/memory_plan.py); None: the driver's GPU when it has one, else the plan's figure
-    for an 80 GB GPU.
+    (trainer/memory_plan.py); None: the driver's GPU when it has one, else 80 GB for
+    ``use_gpu = "yes"``, else (a CPU run) the host's memory per worker.
     """
 
     num_workers: int = 2

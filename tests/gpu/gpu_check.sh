@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 rm -rf "${OUT:?}/packed" "${OUT:?}/train"
 
 if [ -n "${GPU_CHECK_CPU:-}" ]; then
-    SEQ=512; NPROC=2; STEPS=6; ATTN=sdpa; PRECISION=fp32; DOCS=300; BENCH="--seq-len 1024 --only fsdp-full-chunked"
+    SEQ=512; NPROC=2; STEPS=6; ATTN=sdpa; PRECISION=fp32; DOCS=300; BENCH="--seq-len 512 --steps 1 --only fsdp-full-chunked"
     MODEL='overrides = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2 }'
     export OMP_NUM_THREADS=1
 else

@@ -19,9 +19,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from support.train import Train, corpus_head, wait_for_step
+from support.train import Train, corpus_head, run_config_text, wait_for_step
 
-from packfeed.service.assets import demo_tokenizer_path
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.metrics import read_jsonl
 
@@ -37,35 +36,8 @@ DDP_FULL_LOGITS = ("--sharding", "ddp", "--activation-checkpointing", "off", "--
 @pytest.fixture(scope="module")
 def config(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp-train")
-    inputs = corpus_head(root, 100)
     path = root / "run.toml"
-    path.write_text(f"""
-[data]
-inputs = {json.dumps(inputs)}
-tokenizer = {json.dumps(demo_tokenizer_path())}
-seq_len = 256
-window_samples = 64
-
-[model]
-name = "tiny-llama"
-attn = "sdpa"
-
-[train]
-max_steps = {STEPS}
-micro_batch_rows = 2
-grad_accum = 1
-log_every = 1
-checkpoint_every = 0
-lr = 3e-3
-warmup_steps = 2
-record_rows = true
-
-[scaling]
-num_workers = 2
-cpus_per_worker = 0.5
-packing_workers = 1
-packing_cpus_per_worker = 0.5
-""")
+    path.write_text(run_config_text(corpus_head(root, 100), steps=STEPS))
     return path
 
 

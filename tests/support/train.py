@@ -42,24 +42,27 @@ def corpus_head(root: Path, lines: int) -> list[str]:
     return paths
 
 
-def write_config(root: Path) -> Path:
-    """A run config on the first 100 lines of each bundled file, 3 epochs (~229 rows of 256)."""
-    inputs = corpus_head(root, 100)
-    path = root / "run.toml"
-    path.write_text(f"""
+def run_config_text(inputs: list[str], *, steps: int, window_samples: int | None = 64, epochs: int | None = None,
+                    packing: bool = True) -> str:
+    """The TOML of the tests' small runs: the bundled tokenizer, seq_len 256, tiny Llama (SDPA),
+    2 workers of 2 rows a step, a metrics record every step, every (step, rank)'s rows recorded,
+    the only checkpoint at the stop (or the end); ``packing``: the packing actor's [scaling] keys
+    (a run that packs under Ray; not for torchrun's)."""
+    data = "".join(f"{key} = {value}\n" for key, value in (("window_samples", window_samples), ("epochs", epochs))
+                   if value is not None)
+    packers = "packing_workers = 1\npacking_cpus_per_worker = 0.5\n" if packing else ""
+    return f"""
 [data]
 inputs = {json.dumps(inputs)}
 tokenizer = {json.dumps(demo_tokenizer_path())}
 seq_len = 256
-window_samples = 64
-epochs = 3
-
+{data}
 [model]
 name = "tiny-llama"
 attn = "sdpa"
 
 [train]
-max_steps = {STEPS}
+max_steps = {steps}
 micro_batch_rows = {ROWS_PER_RANK}
 grad_accum = 1
 log_every = 1
@@ -71,9 +74,13 @@ record_rows = true
 [scaling]
 num_workers = {WORKERS}
 cpus_per_worker = 0.5
-packing_workers = 1
-packing_cpus_per_worker = 0.5
-""")
+{packers}"""
+
+
+def write_config(root: Path) -> Path:
+    """A run config on the first 100 lines of each bundled file, 3 epochs (~229 rows of 256)."""
+    path = root / "run.toml"
+    path.write_text(run_config_text(corpus_head(root, 100), steps=STEPS, epochs=3))
     return path
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
+from support.streams import plain_rows
 
-from packfeed.client.rows import PackedRows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.trainer.checkpoint import STATE_FILE
@@ -66,21 +65,11 @@ def test_the_golden_record_round_trips_byte_for_byte_and_reads_by_name():
 SEQ_LEN = 4
 
 
-def rows_of(first: int, n: int) -> PackedRows:
-    """n one-segment rows whose tokens are their global index + 1."""
-    ids = np.repeat(np.arange(first + 1, first + n + 1, dtype=np.int32)[:, None], SEQ_LEN, axis=1)
-    return PackedRows(
-        input_ids=ids, labels=ids.copy(), position_ids=np.tile(np.arange(SEQ_LEN, dtype=np.int32), (n, 1)),
-        seq_lens=np.full(n, SEQ_LEN, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
-        segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n, dtype=np.int64),
-    )
-
-
 def test_the_record_the_worker_builds_round_trips_byte_for_byte():
     """Two windows of 3 rows, 2 ranks of 1 row a step: after step 3 the stream is used up."""
     def open_reader(window, first_row):
         for w in range(window, 2):
-            yield w, rows_of(3 * w, 3)
+            yield w, plain_rows(3 * w, 3, seq_len=SEQ_LEN)
 
     feeder = RowFeeder(open_reader, Manifest("cafe-f1"), world_size=2, grad_accum=1, micro_rows=1, seq_len=SEQ_LEN,
                        pad_id=0, config_hash="cafe", capacity=128)
