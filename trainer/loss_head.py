@@ -142,6 +142,21 @@ def output_head(model: Any) -> OutputHead:
     return OutputHead(weight=lm_head.weight, bias=lm_head.bias, **transform)
 
 
+def check_loss_head(config: Any, *, chunk_tokens: int) -> None:
+    """Before any worker starts: ValueError (the fix: ``loss_chunk_tokens = 0``) when the
+    chunked head would refuse the CausalLM class transformers builds for ``config`` (a
+    transformers config: its ``model_type``'s class). Nothing to check for the full logits."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if chunk_tokens == 0:
+        return
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    if name not in LOGIT_TRANSFORMS:
+        raise ValueError(
+            f"the chunked loss head does not know what {name or config.model_type}.forward does to its logits: "
+            "train it with loss_chunk_tokens = 0 (the full logits)")
+
+
 def final_hidden_states(model: Any, kwargs: Mapping[str, Any]) -> Any:
     """[B, L, H]: the decoder's final (post-norm) hidden states of ``model(**kwargs)``, the
     lm_head run on no position (``logits_to_keep`` an empty index tensor). Through the root's

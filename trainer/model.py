@@ -85,20 +85,19 @@ def load_shards_from_rank0(model: Any, whole: Any | None, *, device: Any) -> Non
         dist.broadcast(buffer, src=0)
 
 
-def check_model(config: ModelConfig, *, vocab_size: int) -> None:
+def check_model(config: ModelConfig, *, vocab_size: int) -> Any:
     """What the driver can check of the model before Ray starts, instead of every train worker
     after it: a tiny model's config builds for this vocabulary; a pretrained ``name`` is a local
     directory or a Hub id whose config loads (config.json only, from the directory or the local
-    cache; no weights) and whose embedding table holds the tokenizer's ``vocab_size``. Raises
-    ValueError, one line, naming the model and the fix (a near tiny name: "did you mean").
-    Cost: milliseconds."""
+    cache; no weights) and whose embedding table holds the tokenizer's ``vocab_size``. Returns
+    that transformers config; raises ValueError, one line, naming the model and the fix (a near
+    tiny name: "did you mean"). Cost: milliseconds."""
     from transformers import AutoConfig
 
     from packfeed.service.tokenize.samples import looks_local
 
     if config.is_tiny:
-        tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
-        return
+        return tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
     name = config.name
     choices = f"a local save_pretrained directory, a Hugging Face id, or tiny-<family> ({', '.join(TINY_FAMILIES)})"
     if looks_local(name) and not os.path.isdir(name):
@@ -115,6 +114,7 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> None:
     if isinstance(embeddings, int) and vocab_size > embeddings:
         raise ValueError(f"the tokenizer has {vocab_size} tokens but {name!r} embeds only {embeddings}: "
                          "use the model's own tokenizer (--tokenizer) or resize the embeddings first")
+    return model_config
 
 
 def num_parameters(model: Any) -> int:

@@ -50,6 +50,7 @@ from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
 from packfeed.trainer.memory_plan import check_memory_plan
 from packfeed.trainer.metrics import format_summary, plot_loss, read_jsonl, summarize
+from packfeed.trainer.loss_head import check_loss_head
 from packfeed.trainer.mixture_hook import load_hook
 from packfeed.trainer.model import check_model
 from packfeed.trainer.placement import check_placement, packing_scaling
@@ -135,7 +136,8 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
             return saved_summary(output, state)
         print(f"resuming from {storage.display(str(resume_from))} at step {state.step}, stream cursor "
               f"{state.cursor}", flush=True)
-    check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
+    model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
+    check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
     if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
         check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
     check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)  # ValueError when it does not fit, before Ray

@@ -33,6 +33,7 @@ Ray is not imported in this mode.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -43,12 +44,22 @@ from typing import Any, Iterator
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
+from packfeed.client.stream import PackedStream
 from packfeed.service import storage
 from packfeed.service.delivery.assign import split_micro_batches
 from packfeed.service.delivery.row_stream import find_packed_dir, packed_dir_stream
+from packfeed.service.pipeline.raycluster import Terminated
+from packfeed.service.tokenize.samples import load_tokenizer
 from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
+from packfeed.trainer.loss_head import check_loss_head
+from packfeed.trainer.memory_plan import check_memory_plan
+from packfeed.trainer.metrics import format_summary, plot_loss, read_jsonl, summarize
+from packfeed.trainer.model import check_model
+from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
+from packfeed.trainer.run_dir import publish_final, write_json
+from packfeed.trainer.worker import train_rank
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +103,6 @@ class ServerRows:
 
     def __init__(self, target: str, run: RunConfig, *, world_size: int, rank: int, state: dict | None,
                  token: str | None, tls_ca: str | None, tls_server_name: str | None) -> None:
-        from packfeed.client.stream import PackedStream
 
         self.grad_accum = run.train.grad_accum
         self.first_step = StreamState.resume_from((state or {}).get("stream")).step
@@ -257,9 +267,7 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
     summary, the others None. ``[scaling] num_workers`` is the launcher's world size. Raises
     ValueError (every rank, the same line) for what rank 0's checks refuse, ``Terminated`` /
     ``KeyboardInterrupt`` after a stop's checkpoint."""
-    import dataclasses
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # torch: ~1 s to import, not for the module's importers
 
     rank, world, local_rank = distributed_env()
     packed = refuse_what_needs_ray(run, server=server, output=os.fspath(output))
@@ -289,7 +297,6 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
                                       stop=stop, rank=rank, world_size=world, device=device)
             started = time.perf_counter()
             try:
-                from packfeed.trainer.worker import train_rank
 
                 train_rank(run, runtime, output=str(output), vocab_size=checked["vocab_size"])
             finally:
@@ -297,16 +304,10 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
             summary = _finish(run, output, packed, runtime, started) if rank == 0 else None
             dist.barrier()
             if runtime.stopped_at is not None:
-                raise KeyboardInterrupt if stop.name == "SIGINT" else _terminated()
+                raise KeyboardInterrupt if stop.name == "SIGINT" else Terminated()
             return summary
     finally:
         dist.destroy_process_group()
-
-
-def _terminated() -> BaseException:
-    from packfeed.service.pipeline.raycluster import Terminated
-
-    return Terminated()
 
 
 def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, resume: bool | str, overwrite: bool,
@@ -314,13 +315,6 @@ def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, re
     """Rank 0's checks before any rank builds a model, as the Ray driver makes them: {"error":
     a user's line or None, "done": a finished run's summary or None, "resume_from", "state",
     "vocab_size", "pad_id"}. A process torchrun restarted resumes from the latest checkpoint."""
-    from packfeed.service.tokenize.samples import load_tokenizer
-    from packfeed.trainer.memory_plan import check_memory_plan
-    from packfeed.trainer.model import check_model
-    from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, \
-        saved_summary
-    from packfeed.trainer.run_dir import write_json
-
     try:
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             resume, overwrite = "auto", False  # torchrun started the job again after a rank died
@@ -339,7 +333,8 @@ def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, re
                             done[1])
                 return {"error": None, "done": saved_summary(output, state)}
             print(f"resuming from {resume_from} at step {state.step}, stream cursor {state.cursor}", flush=True)
-        check_model(run.model, vocab_size=tokenizer.vocab_size)
+        model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
+        check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
         check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
         if clear_previous is not None:
             clear_previous()
@@ -360,11 +355,6 @@ def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, re
 def _finish(run: RunConfig, output: Path, packed: Any, runtime: TorchrunRuntime, started: float) -> dict[str, Any]:
     """Rank 0 after the loop: the summary (``stopped`` when a signal stopped the run), the loss
     curve, ``final/`` with the tokenizer."""
-    from packfeed.service.tokenize.samples import load_tokenizer
-    from packfeed.trainer.metrics import plot_loss, read_jsonl, summarize
-    from packfeed.trainer.metrics import format_summary
-    from packfeed.trainer.run_dir import publish_final, write_json
-
     records = read_jsonl(str(output / "metrics.jsonl"))
     summary = summarize(records)
     summary["wall_seconds"] = time.perf_counter() - started

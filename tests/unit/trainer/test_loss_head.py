@@ -37,7 +37,7 @@ from packfeed.trainer.loss_head import (  # noqa: E402
 )
 from packfeed.trainer.model import build_model  # noqa: E402
 from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
-from packfeed.trainer.tiny_models import TINY_FAMILIES  # noqa: E402
+from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
 from support.pair_rows import pack_pairs, random_pairs  # noqa: E402
 
 VOCAB, SEQ_LEN, ROWS = 128, 32, 3
@@ -446,3 +446,16 @@ def test_the_chunked_path_saves_no_tokens_by_vocabulary_tensor():
     assert max(full) >= n * vocab  # the full path keeps its N x V log-softmax (not vacuous)
     assert chunked and max(chunked) < chunk * vocab  # the hooks saw the decoder's saves; none N x V
     assert sum(chunked) < sum(full) / 10
+
+
+def test_the_driver_refuses_a_family_the_head_does_not_know_before_any_worker_starts():
+    from transformers import AutoConfig
+
+    from packfeed.trainer.loss_head import check_loss_head
+
+    for family in TINY_FAMILIES:
+        check_loss_head(tiny_config(family, 64), chunk_tokens=1024)  # every tiny family is known
+    gpt2 = AutoConfig.for_model("gpt2", n_layer=1, n_embd=32, n_head=2)
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.forward .*train it with loss_chunk_tokens = 0"):
+        check_loss_head(gpt2, chunk_tokens=1024)
+    check_loss_head(gpt2, chunk_tokens=0)  # the full logits: any model
