@@ -3,7 +3,11 @@
 ::
 
     PackingPipeline (packing actors, CPU) -> RowFeeder actor (RowHub + the serve contract) -> N
-    train workers (TorchTrainer, DDP): get_step(rank, step) -> to_model_inputs -> train_step
+    train workers (TorchTrainer; DDP or FSDP2): get_step(rank, step) -> to_model_inputs -> train_step
+
+The same ranks' loop runs without Ray under torchrun (trainer/torchrun.py). Before Ray starts
+the driver checks what it can (output, resume, tokenizer, model, the loss head's family, the
+memory plan: trainer/memory_plan.py), so a mistake is one line, not a failure in every worker.
 
 A train worker that dies (SIGKILL, OOM) is restarted by Ray Train (``[train] max_failures``)
 from the latest checkpoint; the feeder, owned by the driver, serves the restarted ranks the
