@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from packfeed.client.rows import IGNORE_INDEX
+from packfeed.trainer.parallelize import unwrapped
 
 # Keys of a micro-batch dict that are not model inputs: the labels, and DPO's pair indices
 # (trainer/dpo.py PAIR_KEYS).
@@ -119,7 +120,7 @@ def output_head(model: Any) -> OutputHead:
     output embeddings are not a plain linear layer."""
     import torch.nn as nn
 
-    model = _unwrapped(model)
+    model = unwrapped(model)
     forward_class = _forward_class(model)
     if forward_class not in LOGIT_TRANSFORMS:
         raise ValueError(
@@ -164,7 +165,7 @@ def final_hidden_states(model: Any, kwargs: Mapping[str, Any]) -> Any:
     import torch
 
     device = kwargs["input_ids"].device
-    with _capture_output(_unwrapped(model).get_decoder()) as captured:
+    with _capture_output(unwrapped(model).get_decoder()) as captured:
         model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
     if len(captured) != 1:
         raise RuntimeError(f"the decoder ran {len(captured)} times in one forward; the loss head expects once")
@@ -215,11 +216,6 @@ def trained_token_logps(model: Any, inputs: Mapping[str, Any], *, chunk_tokens: 
         else:
             chunks.append(chunk_logps(*part))
     return torch.cat(chunks), slots
-
-
-def _unwrapped(model: Any) -> Any:
-    """The Hugging Face model inside a DDP wrapper (FSDP2 wraps in place: the model itself)."""
-    return getattr(model, "module", model)
 
 
 def _forward_class(model: Any) -> str:
