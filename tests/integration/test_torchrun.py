@@ -11,8 +11,6 @@ config and packed directory. Checked:
 * SIGTERM to the job's process group (what `scancel` and Kubernetes do): every rank stops after
   the same step with a checkpoint, the job exits, none of its processes is left a minute
   later; `--resume` under torchrun reaches the end with the uninterrupted run's losses;
-* a rank that dies takes the job down; torchrun's ``--max-restarts`` starts it again and every
-  rank resumes from the latest checkpoint by itself, to the uninterrupted losses;
 * a config that needs Ray (raw inputs to pack) is refused in one line before training.
 """
 
@@ -31,7 +29,6 @@ from support.serve import REPO, GroupWatch, ServerProcess, kill_groups
 from support.train import PACKFEED, Train, corpus_head, run_config_text, wait_for_step
 
 from packfeed.service.assets import demo_tokenizer_path
-from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.metrics import read_jsonl
 
@@ -68,15 +65,14 @@ class Torchrun:
     """`torchrun --standalone --nproc-per-node 2 --no-python packfeed train ...` in its own
     process group; every process of its tree watched."""
 
-    def __init__(self, config: Path, output: Path, *flags: str, torchrun_flags: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: Path, output: Path, *flags: str) -> None:
         self.log = output.with_name(output.name + f"-{time.monotonic_ns()}.log")
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [TORCHRUN, "--standalone", "--nproc-per-node", "2", *torchrun_flags, "--no-python", PACKFEED, "train",
+                [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python", PACKFEED, "train",
                  "--config", str(config), "--output", str(output), "--launcher", "torchrun", *flags],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                env={**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1", **(env or {})})
+                env={**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1"})
         self.watch = GroupWatch(self.proc.pid)
         self.names: set[str] = set()  # every process name seen in its tree
 
@@ -164,19 +160,6 @@ def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ra
     code, out = Torchrun(config, output, "--resume").ended()
     assert code == 0, out[-3000:]
     assert f"at step {stop}," in out
-    assert_same_training(ray_run, output)
-
-
-def test_a_rank_that_dies_is_restarted_by_torchrun_from_the_last_checkpoint(config, ray_run, tmp_path):
-    """Rank 1 dies after step 5 (``$PACKFEED_FAULTS``, once); torchrun ends rank 0 and, with
-    ``--max-restarts 1``, starts the job again: every rank resumes from step 3's checkpoint by
-    itself and the run ends with the uninterrupted run's losses."""
-    output = tmp_path / "run"
-    env = {FAULTS_ENV: "train-step:5@1", FAULTS_DIR_ENV: str(tmp_path / "drill")}
-    code, out = Torchrun(config, output, "--checkpoint-every", "3", torchrun_flags=("--max-restarts", "1"),
-                         env=env).ended()
-    assert code == 0, out[-3000:]
-    assert "resuming from" in out and "at step 3," in out, out[-3000:]
     assert_same_training(ray_run, output)
 
 
