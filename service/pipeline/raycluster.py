@@ -8,7 +8,8 @@
   ``$PACKFEED_AUTH_TOKEN`` is removed from the environment first: Ray's worker processes inherit
   the driver's environment, and the serve token must not travel with them.
 * ``quiet_ray()`` turns down what Ray prints on every run that says nothing to a packfeed user
-  (Ray Data's execution plan lines and its progress-bar notice).
+  (Ray Data's execution plan lines and its progress-bar notice); ray_noise.py keeps Ray's
+  error lines that are untrue of a packfeed run off stderr.
 * Shutdown in order. ``ray.init`` makes SIGTERM call ``sys.exit`` and leaves the teardown to
   Ray's atexit hook, while Ray Data's executor and prefetch threads may still be running; a
   thread that touches Ray after its core worker is gone aborts the process ("The core worker
@@ -45,6 +46,7 @@ import time
 from typing import Iterator
 
 from packfeed.client.transport import TOKEN_ENV
+from packfeed.service.pipeline.ray_noise import filter_ray_noise, stop_filtering
 
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
 # What a packing actor imports, imported by every worker of an embedded Ray as it starts (Ray's
@@ -81,8 +83,9 @@ def shutdown_ray(timeout: float = 60.0) -> None:
     process with exit 1 ("The core worker has already been shutdown"), after a clean drain.
     Without any of those threads (every read ran to its end, as in ``packfeed pack``) Ray goes
     down at once: the two collections cost 0.2 s each with torch and Ray loaded (measured), and
-    no thread is left to touch Ray after it. No-op without Ray."""
+    no thread is left to touch Ray after it. Last, stderr is the real one again. No-op without Ray."""
     if not ray_initialised():
+        stop_filtering()
         return
     ray = sys.modules["ray"]
     if any(t.name.startswith(RAY_DATA_THREADS) for t in threading.enumerate()):
@@ -91,6 +94,7 @@ def shutdown_ray(timeout: float = 60.0) -> None:
     _kill_autoscaler_monitor()
     ray.shutdown()
     _stop_and_wait(below)
+    stop_filtering()
 
 
 def _stop_ray_data_threads(timeout: float) -> None:
@@ -279,9 +283,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address and address not in ("local", "auto"):
         check_reachable(address)
         _ray_init(previous, address=address, logging_level=logging.WARNING)
+        filter_ray_noise()
         return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     if address == "auto":
         _ray_init(previous, address="auto", logging_level=logging.WARNING)
+        filter_ray_noise()
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     extra = {}
     if dashboard:
@@ -303,6 +309,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
             _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)},
             **extra,
         )
+    filter_ray_noise()
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 
