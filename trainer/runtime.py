@@ -27,6 +27,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+from packfeed.service.delivery.mixture_changes import MixtureRefused
 from packfeed.trainer.checkpoint import local_copy
 
 
@@ -79,9 +80,17 @@ class RayRuntime:
         return ray.get(self._feeder.sources.remote())
 
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
+        """The feeder's answer; its refusal (MixtureRefused, ValueError) raised as itself, not
+        as Ray's wrapper, whose message carries the actor's whole traceback (the hook's one-line
+        warning was a screenful)."""
         import ray
 
-        return ray.get(self._feeder.set_mixture.remote(step, weights))
+        try:
+            return ray.get(self._feeder.set_mixture.remote(step, weights))
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, (MixtureRefused, ValueError)):
+                raise exc.cause from None
+            raise
 
     def stream_state(self, step: int) -> dict:
         import ray

@@ -42,11 +42,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
+
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
-from packfeed.client.stream import PackedStream
+from packfeed.client.stream import PackedStream, StreamError
 from packfeed.service import storage
 from packfeed.service.delivery.assign import split_micro_batches
+from packfeed.service.delivery.mixture_changes import MixtureRefused
 from packfeed.service.delivery.row_stream import find_packed_dir, packed_dir_stream
 from packfeed.service.pipeline.raycluster import Terminated
 from packfeed.service.tokenize.samples import load_tokenizer
@@ -126,7 +129,14 @@ class ServerRows:
         return {"stream": self.stream.state_dict(), "manifest": None}
 
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
-        return self.stream.set_mixture(weights, step=step)
+        """The server's answer; FAILED_PRECONDITION (a stream that cannot change, or has no
+        window left to change) is the hook's MixtureRefused, as with the feeder: the run goes on."""
+        try:
+            return self.stream.set_mixture(weights, step=step)
+        except StreamError as exc:
+            if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise MixtureRefused(exc.details) from None
+            raise
 
     def close(self) -> None:
         self.stream.close()

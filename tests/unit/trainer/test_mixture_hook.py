@@ -82,3 +82,53 @@ def test_weights_that_come_too_late_are_not_applied_and_the_run_goes_on(hooks_mo
     with caplog.at_level("WARNING", logger="packfeed.trainer.mixture_hook"):
         assert call_hook(hooks_module.pause_web, feeder, step(2)) is None
     assert "step 2: the mixture hook's weights were not applied: every window" in caplog.text
+
+
+def _ray_refusal(monkeypatch):
+    """A RayRuntime whose feeder refuses as a Ray actor does: ``ray.get`` raises Ray's wrapper
+    of the actor's MixtureRefused, the actor's traceback in its message."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from packfeed.service.delivery.mixture_changes import MixtureRefused
+    from packfeed.trainer.runtime import RayRuntime
+
+    cause = MixtureRefused("every window of the stream is planned already")
+    wrapped = RayTaskError("RowFeeder.set_mixture", "Traceback (most recent call last):\n  File ...\n" * 20,
+                           cause).as_instanceof_cause()
+
+    def get(_):
+        raise wrapped
+
+    monkeypatch.setattr(ray, "get", get)
+    runtime = object.__new__(RayRuntime)
+    runtime._feeder = types.SimpleNamespace(set_mixture=types.SimpleNamespace(remote=lambda *a: None))
+    return runtime
+
+
+def _server_refusal():
+    """A torchrun rank reading ``packfeed serve``: the server answers FAILED_PRECONDITION."""
+    import grpc
+
+    from packfeed.client.stream import StreamError
+    from packfeed.trainer.torchrun import ServerRows
+
+    def refuse(weights, step):
+        raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, "every window of the stream is planned already")
+
+    rows = object.__new__(ServerRows)
+    rows.stream = types.SimpleNamespace(set_mixture=refuse)
+    return rows
+
+
+@pytest.mark.parametrize("runtime", ["ray", "server"])
+def test_a_refusal_through_either_runtime_is_the_one_line_warning(hooks_module, caplog, monkeypatch, runtime):
+    """Under Ray the refusal came back as Ray's wrapper with the actor's traceback in its
+    message (a screenful where the README promises one line); under torchrun + serve as a
+    StreamError the hook did not catch (the run died). Both are the warning, one line."""
+    source = _ray_refusal(monkeypatch) if runtime == "ray" else _server_refusal()
+    with caplog.at_level("WARNING", logger="packfeed.trainer.mixture_hook"):
+        assert call_hook(hooks_module.pause_web, source, step(2)) is None
+    (record,) = [r for r in caplog.records if "not applied" in r.getMessage()]
+    assert record.getMessage() == ("step 2: the mixture hook's weights were not applied: every window of the stream "
+                                   "is planned already")
