@@ -249,6 +249,9 @@ def quiet_ray() -> None:
         ("ray.data._internal.execution.streaming_executor", logging.WARNING),  # "Starting execution ..."
         ("ray.data._internal.progress", logging.ERROR),  # "Progress bars disabled ..."
         ("ray._private.authentication", logging.ERROR),  # "Token authentication is enabled ..."
+        # "An exception was raised from a task of operator ..." and its traceback: the command
+        # reports the task's error itself (one line for a user error, errors.py)
+        ("ray.data._internal.execution.streaming_executor_state", logging.CRITICAL),
     ):
         logging.getLogger(name).setLevel(level)
 

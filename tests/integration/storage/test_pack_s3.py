@@ -136,7 +136,7 @@ def test_a_crashed_pack_on_s3_never_looks_complete_and_overwrite_deletes_only_pa
     argv = pack_argv(inputs, out, "--window-samples", "500", "--address", ray.get_runtime_context().gcs_address)
     crash = subprocess.run([sys.executable, "-m", "packfeed.service.cli", *argv], capture_output=True, text=True,
                            env={**os.environ, FAULTS_ENV: "packer-window:4"}, timeout=120)
-    assert crash.returncode == 1 and "fault injected at packer-window:4" in crash.stderr, crash.stderr[-2000:]
+    assert crash.returncode == 2 and "fault injected at packer-window:4" in crash.stderr, crash.stderr[-2000:]
     crashed = keys_under(s3_server, bucket, "crash/")
     assert "crash/packed/.packfeed/files.json" in crashed and "crash/packed/.packfeed/stats.json" not in crashed
     with pytest.raises(ValueError, match=rf"^{out} is incomplete: a packfeed pack started there and did not finish"):

@@ -222,6 +222,23 @@ def test_version_and_bugs_keep_their_traceback(capsys):
     assert user_message(FileNotFoundError(2, "No such file or directory", "a.jsonl")).endswith("'a.jsonl'")
 
 
+def test_a_drill_and_ray_datas_retry_note_are_one_line_of_the_cause():
+    """A fault drill's FaultInjected is the drill's line (exit 2), not a bug's traceback; the
+    note Ray Data appends to a map task's exception (its retries, how to configure them) is
+    not the user's fix and is cut, from a drill's line and a user error's alike."""
+    from packfeed.service.faults import FaultInjected
+
+    note = ("\nFailed to apply UDF transform after 1/1 attempts (total backoff 0.0s).\nTo change retry attempts, "
+            "backoff, or which errors are retried, configure `ray.data.DataContext.get_current()` if you believe "
+            "this to be transient.")
+    drill = FaultInjected("fault injected at packer-window:3 ($PACKFEED_FAULTS)" + note)
+    assert user_message(drill) == ("fault injected at packer-window:3 ($PACKFEED_FAULTS): a drill, not a bug "
+                                   "(unset $PACKFEED_FAULTS for a real run)")
+    assert user_message(ValueError("a.jsonl row 7: no 'text' field" + note)) == "a.jsonl row 7: no 'text' field"
+    assert user_message(ValueError("Failed to parse x after 1/2 attempts (total backoff 0.0s).")) == \
+        "Failed to parse x after 1/2 attempts (total backoff 0.0s).", "only the appended note is cut"
+
+
 def test_root_cause_unwraps_ray_style_wrappers():
     class TaskError(Exception):
         def __init__(self, cause):
