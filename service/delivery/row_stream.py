@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-import numpy as np
 
-from packfeed.client.rows import PackedRows
+from packfeed.client.rows import PackedRows, renumber_rows
 from packfeed.service.delivery.hub import OpenReader, PackWindow
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureControl, read_with_changes
@@ -231,14 +230,14 @@ def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
         table = open_parquet(f, expect=version, metadata=meta).read_row_group(g)
         table = table.select([n for n in ROW_SCHEMA.names if n in table.column_names])  # older: no pair_roles
         rows = rows_from_arrow(table)
-        return _reindex(rows, start)
+        return renumber_rows(rows, start)
 
     def open_reader(window: int, first_row: int) -> Iterable[tuple[int, PackedRows]]:
         for k in range(window, len(groups)):
             yield k, read(k)
 
     def pack_window(window: int) -> PackedRows | None:
-        return None if window >= len(groups) else _reindex(read(window), 0)
+        return None if window >= len(groups) else renumber_rows(read(window), 0)
 
     tok = config.get("tokenizer", {})
     plan = config.get("plan", {})
@@ -266,9 +265,3 @@ def report_end_of_stream(stats: RunStats, seq_len: int) -> None:
                 format_summary(summary))
     for name in stats.empty_sources():
         logger.warning("source %r delivered no sample: every row read was bad", name)
-
-
-def _reindex(rows: PackedRows, first: int) -> PackedRows:
-    from dataclasses import replace
-
-    return replace(rows, row_index=np.arange(first, first + rows.num_rows, dtype=np.int64))
