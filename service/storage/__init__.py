@@ -1,19 +1,21 @@
 """Storage: every path a URI (local, s3://, gs://, abfs://, hdfs://, any fsspec protocol).
 
 uri.py resolves a URI to a pyarrow filesystem and a path; redact.py keeps credentials out of
-every message; glob.py expands globs with one meaning on disk and on a store (a store listed
-once); reads.py reads by byte range (coalesced, checked against the plan's version); objects.py
-stats, writes atomically and deletes by prefix; retry.py retries transient failures of remote requests and
-counts requests, retries and bytes per process; errors.py makes every failure one line.
+every message; objects.py stats, lists a prefix, writes atomically and deletes by prefix;
+glob.py expands globs with one meaning on disk and on a store (a store listed once, through
+objects.py's listing); reads.py reads by byte range (coalesced, checked against the plan's
+version); retry.py retries transient failures of remote requests and counts requests, retries
+and bytes per process; errors.py makes every failure one line.
 """
 
 from packfeed.service.storage.errors import StorageError
-from packfeed.service.storage.glob import expand, has_magic, listing, local_glob, match
+from packfeed.service.storage.glob import expand, has_magic, local_glob, match
 from packfeed.service.storage.objects import (
     ObjectInfo,
     check_unchanged,
     delete_prefix,
     exists,
+    listing,
     stat,
     write_bytes_atomic,
 )

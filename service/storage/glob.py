@@ -26,13 +26,10 @@ import logging
 import os
 from typing import Sequence
 
-import pyarrow.fs as pafs
-
 from packfeed.service.storage.errors import INVALID, NO_MATCH, NOT_FOUND, StorageError
-from packfeed.service.storage.objects import ObjectInfo, missing, stat
+from packfeed.service.storage.objects import ObjectInfo, listing, missing, stat
 from packfeed.service.storage.redact import display
-from packfeed.service.storage.retry import call
-from packfeed.service.storage.uri import is_remote, resolve_bare, scheme_of, split
+from packfeed.service.storage.uri import is_remote, split
 
 logger = logging.getLogger(__name__)
 
@@ -73,25 +70,6 @@ def expand(pattern: str) -> list[ObjectInfo]:
                 raise error
         raise StorageError(display(pattern), "the glob matches nothing", kind=NO_MATCH)
     return found
-
-
-def listing(uri: str, *, recursive: bool, named: str | None = None) -> list[ObjectInfo]:
-    """What lies under ``uri`` (a directory, or a key prefix without its "/"), sorted by URI:
-    one LIST on a store. Empty when nothing does. Errors name ``named`` (default ``uri``)."""
-    fs, path = resolve_bare(uri)
-    selector = pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
-    infos = call(display(named or uri), "list", lambda: fs.get_file_info(selector), scheme=scheme_of(uri),
-                 remote=is_remote(uri))
-    base = path.rstrip("/")
-    out = []
-    for info in infos:
-        relative = info.path[len(base):].lstrip("/") if info.path.startswith(base) else info.path
-        full = "/".join([uri.rstrip("/"), relative]) if is_remote(uri) else os.path.join(uri, relative)
-        if info.type == pafs.FileType.Directory:
-            out.append(ObjectInfo(full, None, None, is_dir=True))
-        else:
-            out.append(ObjectInfo(full, info.size, info.mtime_ns))
-    return sorted(out, key=lambda info: info.uri)
 
 
 def _base_of(pattern: str) -> tuple[str, list[str]]:

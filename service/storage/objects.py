@@ -1,8 +1,10 @@
-"""Objects: what they are (``stat``), whether they changed, writing them whole, deleting them.
+"""Objects: what they are (``stat``), what lies under a prefix (``listing``), whether they
+changed, writing them whole, deleting them. glob.py builds on this module, never the reverse.
 
 Costs on an object store (a request is an HTTP round trip, ~10-100 ms on S3):
 
 - ``stat``: one HEAD (size, mtime, ETag, version where the store gives them).
+- ``listing``: one LIST per 1,000 keys under the prefix (recursive or one level).
 - ``write_bytes_atomic``: one PUT up to a multipart part (measured: 6 MiB is one PUT; larger:
   a multipart upload, completed at close). An object store makes a PUT visible whole or not at
   all. A local file goes to a temporary name in the same directory, then ``os.replace``:
@@ -112,6 +114,25 @@ def write_bytes_atomic(uri: str, data: bytes) -> None:
     COUNTERS.add(bytes_written=len(data))
 
 
+def listing(uri: str, *, recursive: bool, named: str | None = None) -> list[ObjectInfo]:
+    """What lies under ``uri`` (a directory, or a key prefix without its "/"), sorted by URI:
+    one LIST on a store. Empty when nothing does. Errors name ``named`` (default ``uri``)."""
+    fs, path = resolve_bare(uri)
+    selector = pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
+    infos = call(display(named or uri), "list", lambda: fs.get_file_info(selector), scheme=scheme_of(uri),
+                 remote=is_remote(uri))
+    base = path.rstrip("/")
+    out = []
+    for info in infos:
+        relative = info.path[len(base):].lstrip("/") if info.path.startswith(base) else info.path
+        full = "/".join([uri.rstrip("/"), relative]) if is_remote(uri) else os.path.join(uri, relative)
+        if info.type == pafs.FileType.Directory:
+            out.append(ObjectInfo(full, None, None, is_dir=True))
+        else:
+            out.append(ObjectInfo(full, info.size, info.mtime_ns))
+    return sorted(out, key=lambda info: info.uri)
+
+
 def delete_prefix(uri: str, *, only: Callable[[str], bool] | None = None) -> list[str]:
     """Delete the files under ``uri`` whose path relative to it (``/``-separated) ``only``
     accepts (every file when ``only`` is None); returns the URIs deleted, sorted. Directories
@@ -121,8 +142,6 @@ def delete_prefix(uri: str, *, only: Callable[[str], bool] | None = None) -> lis
     of an empty ``parent/`` marker (Arrow keeps the parent "directory" in being), run
     ``DELETE_THREADS`` at a time; with ``only=None`` Arrow's batched delete instead: one
     request per 1,000 keys."""
-    from packfeed.service.storage.glob import listing  # glob builds on this module
-
     base = uri.rstrip("/")
     doomed = [info.uri for info in listing(base, recursive=True) if not info.is_dir
               and (only is None or only(info.uri[len(base) + 1:]))]
