@@ -28,7 +28,7 @@ import threading
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
-from packfeed.service.commands.args import HelpFormatter, configure_logging
+from packfeed.service.commands.args import CommandParser, HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
 from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, ray_initialised, shutdown_ray
 
@@ -52,7 +52,7 @@ def package_version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, every subcommand included (tests parse entrypoints with it)."""
-    parser = argparse.ArgumentParser(prog="packfeed", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser = CommandParser(prog="packfeed", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"packfeed {package_version()}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of user errors too")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

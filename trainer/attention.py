@@ -18,7 +18,10 @@ sdpa, eager            any     dense [B, 1, L, L] mask that transformers builds 
 
 ``select_attention("auto")`` takes the first available of flash_attention_2, flash_attention_4
 (SM90+), packfeed_varlen on CUDA, and sdpa elsewhere. A back-end asked for by name that cannot
-run raises RuntimeError saying what to install: nothing falls back silently.
+run raises RuntimeError saying what to install: nothing falls back silently. ``check_attention``
+says the same before anything starts, as a user's error (one line, exit 2): on the Ray driver
+for train workers it knows run on the CPU (``ray_workers_device``), on a torchrun rank for its
+own device.
 """
 
 from __future__ import annotations
@@ -79,6 +82,39 @@ def select_attention(attn: str = "auto", device: Any = None) -> str:
         register_varlen_attention()
     logger.info("attention back-end %s on %s: %s", name, device, reason)
     return name
+
+
+def check_attention(attn: str, device: Any, why: str = "") -> None:
+    """ValueError, one line, when the back-end ``attn`` names (``[model] attn``, ``--attn``)
+    cannot run on ``device``, where ``select_attention`` would raise in every train worker
+    after Ray and the workers started. ``why``: where ``device`` comes from, said in the error
+    ("[scaling] use_gpu = no"). "auto" always passes (it picks what runs); an unknown name is
+    ModelConfig's error."""
+    import torch
+
+    key = attn.strip().lower()
+    if key == "auto" or key not in _NAMES:
+        return
+    problem = _why_unavailable(_NAMES[key], torch.device(device))
+    if problem is not None:
+        where = f" cannot run on the train workers' device ({why})" if why else ""
+        raise ValueError(f"--attn {attn} ([model] attn){where}: {problem}")
+
+
+def ray_workers_device(use_gpu: str, *, embedded: bool) -> tuple[str, str] | None:
+    """("cpu", why) when the Ray Train workers will run on the CPU, as the driver knows before
+    Ray starts: ``[scaling] use_gpu = "no"``, or an embedded Ray (``embedded``: this machine
+    only) on a machine without a CUDA GPU. None otherwise: GPU workers (their back-end is
+    checked where they run; the driver creates no CUDA context to ask), or a cluster's nodes."""
+    if use_gpu == "no":
+        return "cpu", "the CPU: [scaling] use_gpu = no"
+    if not embedded:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return "cpu", "the CPU: this machine has no CUDA GPU, and the embedded Ray's workers run on it"
 
 
 def _auto_choice(device: Any) -> tuple[str, str]:

@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags["--cpus-per-worker"].help = "CPUs per train worker (default from [scaling], 0.5)"
     t = parser.add_argument_group("training")
     t.add_argument("--model", help="HF id, local save_pretrained dir, or tiny-<family> (random weights)")
-    t.add_argument("--attn", help="attention back-end: auto, sdpa, eager, flash_attention_2, flash_attention_4, varlen")
+    t.add_argument("--attn", help="attention back-end: auto, sdpa, eager, flash_attention_2, flash_attention_4, "
+                                  "varlen (the flash ones and varlen need a CUDA GPU: refused before Ray starts when "
+                                  "the train workers run on the CPU)")
     t.add_argument("--max-steps", type=int, help="optimizer steps (the schedule's length)")
     t.add_argument("--micro-batch-rows", type=int, help="packed rows per micro-batch per worker")
     t.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")

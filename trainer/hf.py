@@ -78,13 +78,18 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
 
     ``source``:
 
-    * a ``packfeed pack`` output directory (str or path): its ``part-*.parquet`` files, in
-      name order, through ``Dataset.from_parquet``. Columns and Arrow types stay those of
+    * a ``packfeed pack`` output directory (str or path), or its URI (``s3://bucket/packed``,
+      any URI ``packfeed pack --output`` takes): its ``part-*.parquet`` files, in name order,
+      through ``Dataset.from_parquet`` (a URI's through packfeed's storage layer: credentials
+      in the URI or the environment, retries, as ``packfeed serve`` reads them). Columns and Arrow types stay those of
       ``ROW_SCHEMA`` (int32 token lists, int32 ``seq_lens``, int64 ``sample_ids`` and
       ``row_index``). Cost: one decode into ``datasets``' Arrow cache (``cache_dir``, else
       ``HF_DATASETS_CACHE``), then memory-mapped: RAM stays small whatever the output size.
-      Raises FileNotFoundError without part files, ValueError for an unfinished or failed pack
-      run (its rows are incomplete). (``load_dataset("parquet", data_dir=...)`` reads the
+      A URI's parts are read batch by batch straight into that cache, one Arrow file named by
+      the output's URI (credentials left out), its stats.json and its parts' sizes and times:
+      a second call reads none of them again (one LIST and the metadata's GETs), a repacked
+      output is read anew. Raises FileNotFoundError without part files, ValueError for an
+      unfinished or failed pack run (its rows are incomplete). (``load_dataset("parquet", data_dir=...)`` reads the
       directory too: its metadata sits in the hidden ``.packfeed/``.)
     * a ``ray.data.Dataset`` of rows (``PackingPipeline(config, plan).dataset``, or
       ``ray.data.read_parquet`` of an output directory): its blocks, in the dataset's order
@@ -94,12 +99,15 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
       pulled with ``iter_batches(batch_format="pyarrow")`` and held in memory (the whole
       dataset on the driver: for large streams write Parquet with ``packfeed pack`` first).
     """
+    if isinstance(source, str) and _is_remote(source):  # before Path(), which folds s3://b into s3:/b
+        return _from_store(source, cache_dir=cache_dir)
     if isinstance(source, (str, Path)):
         return _from_parquet_dir(Path(source), cache_dir=cache_dir)
     if _is_ray_dataset(source):
         return _from_ray(source)
     raise TypeError(
-        f"packed_hf_dataset takes a packfeed output directory or a ray.data.Dataset, got {type(source).__name__}"
+        "packed_hf_dataset takes a packfeed output directory or URI, or a ray.data.Dataset, got "
+        f"{type(source).__name__}"
     )
 
 
@@ -118,6 +126,64 @@ def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
         cache_dir=None if cache_dir is None else str(cache_dir),
         split="train",
     )
+
+
+def _is_remote(source: str) -> bool:
+    from packfeed.service.storage import is_remote
+
+    return is_remote(source)
+
+
+def _from_store(uri: str, *, cache_dir: str | Path | None) -> Any:
+    """A packed output on a store (``packed_hf_dataset``'s docstring): its parts read through
+    ``open_parquet`` (ranged GETs, retried) into one Arrow file in the cache, memory-mapped."""
+    import hashlib
+    import json
+    import os
+
+    import datasets
+    import pyarrow as pa
+
+    from packfeed.service import storage
+    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
+    from packfeed.service.packed.writer import open_parquet, packed_dir_info
+
+    info = packed_dir_info(uri)  # ValueError for an unfinished or failed pack
+    parts = [p for p in storage.listing(uri.rstrip("/"), recursive=False)
+             if not p.is_dir and storage.match(["part-*.parquet"], [p.uri.rsplit("/", 1)[-1]])]
+    if not parts or info is None:
+        raise FileNotFoundError(f"{storage.display(uri)} holds no packed rows: is it a `packfeed pack --output` "
+                                "location?")
+    key = json.dumps([storage.display(uri), info["stats"], [(p.uri.rsplit("/", 1)[-1], p.size, p.mtime_ns)
+                                                            for p in parts]], sort_keys=True, default=str)
+    directory = Path(cache_dir if cache_dir is not None else datasets.config.HF_DATASETS_CACHE)
+    cached = directory / f"packfeed-{hashlib.sha256(key.encode()).hexdigest()[:20]}.arrow"
+    if not cached.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        schema = datasets.Features.from_arrow_schema(ROW_SCHEMA).arrow_schema
+        partial = directory / f".{cached.name}.{os.getpid()}.tmp"
+        try:
+            with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+                for part in parts:  # a row group at a time: ~32 MiB of tokens whatever the row length (writer.py)
+                    parquet = open_parquet(part.uri, expect=part)
+                    for group in range(parquet.num_row_groups):
+                        writer.write_table(_row_table(parquet.read_row_group(group)).cast(schema))
+            os.replace(partial, cached)  # whole or absent: an interrupted read is never taken for the rows
+        finally:
+            partial.unlink(missing_ok=True)
+    return datasets.Dataset.from_file(str(cached))
+
+
+def _row_table(table: Any) -> Any:
+    """A part's table with ``ROW_SCHEMA``'s columns, in order; a column its part predates
+    (``pair_roles``) all null, as ``read_packed_dir`` reads it."""
+    import pyarrow as pa
+    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
+
+    for field in ROW_SCHEMA:
+        if field.name not in table.column_names:
+            table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+    return table.select(ROW_SCHEMA.names)
 
 
 def _is_ray_dataset(source: Any) -> bool:

@@ -36,17 +36,20 @@ def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", se
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from packfeed.service.tokenize.hf_hub import hub_kwargs
+
     attn = select_attention(config.attn, device)
+    hub = {} if config.is_tiny else hub_kwargs(config.name)  # the Hub unreachable: the local cache, no retries
     torch.manual_seed(seed)
     if config.is_tiny:  # a known family: ModelConfig checked it
         model_config = tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
         model = AutoModelForCausalLM.from_config(model_config, attn_implementation=attn)
     elif empty:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.name),
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config.name, **hub),
                                                      attn_implementation=attn, dtype=torch.float32)
     else:
-        model = AutoModelForCausalLM.from_pretrained(config.name, attn_implementation=attn, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(config.name, attn_implementation=attn, dtype=torch.float32, **hub)
     embeddings = model.get_input_embeddings().num_embeddings
     if vocab_size > embeddings:
         raise ValueError(
@@ -91,10 +94,12 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> Any:
     directory or a Hub id whose config loads (config.json only, from the directory or the local
     cache; no weights) and whose embedding table holds the tokenizer's ``vocab_size``. Returns
     that transformers config; raises ValueError, one line, naming the model and the fix (a near
-    tiny name: "did you mean"). Cost: milliseconds."""
+    tiny name: "did you mean"). A Hub id while the Hub is unreachable is read from the local
+    cache only, or refused in one line (``hub_unreachable``: one probe, not transformers' 25 s
+    of retries). Cost: milliseconds."""
     from transformers import AutoConfig
 
-    from packfeed.service.tokenize.samples import looks_local
+    from packfeed.service.tokenize.hf_hub import hub_unreachable, hub_unreachable_error, looks_local
 
     if config.is_tiny:
         return tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)
@@ -103,9 +108,12 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> Any:
     if looks_local(name) and not os.path.isdir(name):
         what = "is a file" if os.path.exists(name) else "does not exist"
         raise ValueError(f"model {name!r} {what}{tiny_suggestion(name)}: give {choices}")
+    unreachable = hub_unreachable(name)
     try:
-        model_config = AutoConfig.from_pretrained(name)
+        model_config = AutoConfig.from_pretrained(name, **({"local_files_only": True} if unreachable else {}))
     except Exception as e:  # OSError (no config.json, not cached, no network), ValueError (unknown model type), ...
+        if unreachable:
+            raise hub_unreachable_error("model", name, unreachable, tiny_suggestion(name)) from None
         detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"model {name!r}: cannot load its config ({type(e).__name__}: {detail})"
                          f"{tiny_suggestion(name)}; give {choices} (a Hub id must be in the local cache or "

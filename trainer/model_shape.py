@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from packfeed.service.tokenize.hf_hub import hub_kwargs
 from packfeed.trainer.config import TINY_PREFIX, ModelConfig
 
 
@@ -75,4 +76,4 @@ def _load_config(config: ModelConfig, vocab_size: int | None) -> Any:
     from transformers import AutoConfig
 
     check_model(config, vocab_size=0)  # one clear ValueError for a name that loads no config
-    return AutoConfig.from_pretrained(config.name)
+    return AutoConfig.from_pretrained(config.name, **hub_kwargs(config.name))  # the Hub unreachable: the cache

@@ -49,6 +49,7 @@ from packfeed.service.delivery.row_stream import find_packed_dir
 from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster, ray_initialised as ray_is_up
 from packfeed.service.pipeline.stats import run_failure
 from packfeed.service.tokenize.samples import load_tokenizer
+from packfeed.trainer.attention import check_attention, ray_workers_device
 from packfeed.trainer.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
 from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
@@ -110,6 +111,9 @@ def train(run: RunConfig, *, output: str | Path, address: str | None = None, res
 
 def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: bool | str, overwrite: bool,
            no_memory_check: bool, signals: StopSignals) -> dict[str, Any]:
+    workers = ray_workers_device(run.scaling.use_gpu, embedded=not joins_a_cluster(address) and not ray_is_up())
+    if workers is not None:  # a back-end the workers' CPU cannot run: said now, not by every worker after Ray
+        check_attention(run.model.attn, *workers)
     resume_from, clear_previous = prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_train_state(resume_from) if resume_from is not None else None
     tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,

@@ -53,6 +53,7 @@ from packfeed.service.delivery.mixture_changes import MixtureRefused
 from packfeed.service.delivery.row_stream import find_packed_dir, packed_dir_stream
 from packfeed.service.pipeline.raycluster import Terminated
 from packfeed.service.tokenize.samples import load_tokenizer
+from packfeed.trainer.attention import check_attention
 from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
@@ -285,6 +286,7 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
     if run.scaling.num_workers != world:
         run = dataclasses.replace(run, scaling=dataclasses.replace(run.scaling, num_workers=world))
     device = device_for(run, local_rank)
+    check_attention(run.model.attn, device)  # every rank the same line, before the process group and any row
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         with StopFlag() as stop:

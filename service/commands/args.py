@@ -24,10 +24,13 @@ from packfeed.service.data.config import (
     DEFAULT_BLOCK_SAMPLES,
     FORMATS,
     LOSS_MODES,
+    MAX_SEQ_LEN,
+    MIN_ROW_TOKENS,
     OVERLONG_POLICIES,
     STRATEGIES,
     TOKENIZER_BACKENDS,
     DataConfig,
+    check_row_length,
 )
 
 CONFIG_TABLES = ("data", "scaling", "model", "train", "output")
@@ -47,6 +50,82 @@ class HelpFormatter(argparse.HelpFormatter):
         return text
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The ``packfeed`` parser (its subcommands' too): a flag the subcommand does not know is an
+    error of that subcommand, with the flag it is closest to, as a config file's typo is
+    (``check_known_keys``): ``packfeed pack: error: unrecognized arguments: --seq_len (did you
+    mean --seq-len?)``, exit 2, also when the typo left a required flag missing (``--ouput``).
+    argparse alone says ``packfeed: error: unrecognized arguments: --seq_len 2048``."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        for sub in _subcommand_parsers(self).values():
+            sub._top = self  # its error names the other subcommands that have a flag
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = _subcommand_parsers(self)
+            command = sub.get(getattr(parsed, "command", None) or "", self)
+            command.error(unrecognized_message(extras, command, {n: p for n, p in sub.items() if p is not command}))
+        return parsed
+
+    def error(self, message: str):  # exits 2
+        if message.startswith("the following arguments are required") and not _subcommand_parsers(self):
+            unknown = [a for a in _options(getattr(self, "_given", [])) if not self._knows(a)]
+            if unknown:  # the typo of a required flag (--ouput) is the error, not the flag it left missing
+                message = unrecognized_message(unknown, self, _subcommand_parsers(getattr(self, "_top", self)))
+        super().error(message)
+
+    def _knows(self, flag: str) -> bool:
+        name = flag.split("=", 1)[0]
+        if name in self._option_string_actions:
+            return True
+        return self.allow_abbrev and name.startswith("--") and sum(
+            o.startswith(name) for o in self._option_string_actions) == 1
+
+
+def _options(argv: list[str]) -> list[str]:
+    """The flag-like items of ``argv`` before a ``--`` (negative numbers are values)."""
+    out = []
+    for item in argv:
+        if item == "--":
+            break
+        if item.startswith("-") and len(item) > 1 and not item[1:].replace(".", "", 1).isdigit():
+            out.append(item)
+    return out
+
+
+def _subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {name: p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name, p in action.choices.items()}
+
+
+def unrecognized_message(extras: list[str], parser: argparse.ArgumentParser,
+                         others: dict[str, argparse.ArgumentParser] | None = None) -> str:
+    """What argparse left over, named flag by flag with the closest flag of ``parser``
+    (``--seq_len`` -> ``--seq-len``), else the other subcommands that have it (``pack --port``:
+    a flag of ``packfeed serve``). The values after an unknown flag are not repeated; without
+    any flag, argparse's own words."""
+    from packfeed.service.data.config import close_match
+
+    flags = _options(extras)
+    if not flags:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = [o for action in parser._actions for o in action.option_strings]
+    named = []
+    for flag in flags:
+        name = flag.split("=", 1)[0]
+        dashed = name.replace("_", "-")
+        owners = [f"packfeed {n}" for n, p in (others or {}).items()
+                  if p is not parser and name in p._option_string_actions]
+        match = dashed if dashed in known else None if owners else close_match(name, known)
+        hint = f" (did you mean {match}?)" if match else f" ({name} is a flag of {', '.join(owners)})" if owners else ""
+        named.append(f"{name}{hint}")
+    return f"unrecognized arguments: {', '.join(named)}"  # argparse's words, which tools and tests grep
+
+
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The data flags of every subcommand that reads inputs (pack, serve, train)."""
     g = parser.add_argument_group("data (flags override the config file's [data] table)")
@@ -59,12 +138,14 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                    help="auto (default): the exact fast encoder (quicktok) where it proves identical ids and masks "
                         "on the tokenizer and the first window, else HF's with one log line; hf; fast (refuses "
                         "with the reason)")
-    g.add_argument("--seq-len", type=int, help="tokens per packed row")
+    g.add_argument("--seq-len", type=int, help=f"tokens per packed row ({MIN_ROW_TOKENS} to {MAX_SEQ_LEN:,})")
     g.add_argument("--epochs", type=int, help="passes over the whole mixture (default 1)")
     g.add_argument("--strategy", choices=STRATEGIES,
                    help="exactfit: whole samples, rows closed exactly (SFT; default); bfd: plain best-fit decreasing; "
-                        "concat: full rows, samples cut at row ends (pretraining)")
-    g.add_argument("--overlong", choices=OVERLONG_POLICIES, help="samples longer than seq-len (default truncate)")
+                        "concat: full rows, samples cut at row ends and long ones split across rows (pretraining)")
+    g.add_argument("--overlong", choices=OVERLONG_POLICIES,
+                   help="samples longer than seq-len: truncate (keep the first seq-len tokens), split (into pieces "
+                        "across rows) or drop (default: split with --strategy concat, else truncate)")
     g.add_argument("--format", choices=FORMATS, help="sample format (default auto: detected for every row)")
     g.add_argument("--loss", choices=LOSS_MODES, help="auto: completions/assistant turns only, all tokens for text "
                    "(default auto)")
@@ -143,6 +224,8 @@ def data_config_from_args(args: argparse.Namespace, base: dict[str, Any] | None 
     for required in ("tokenizer", "seq_len"):
         if required not in data:
             raise ValueError(f"missing --{required.replace('_', '-')} (or `{required}` in the config file's [data] table)")
+    if isinstance(data["seq_len"], int) and data["seq_len"] > 0:  # 0 and below: DataConfig's own message
+        check_row_length(data["seq_len"], "--seq-len" if args.seq_len is not None else "[data] seq_len")
     return absolute_paths(DataConfig.from_dict(data))
 
 

@@ -12,12 +12,16 @@ source with no valid sample refused); a previous output is removed (``--overwrit
 all of them passed. DIR may be a URI: the rows and metadata are written to the store. Then the rows stream into DIR with
 progress, and the run ends with the packing report. It exits non-zero, saying why, when
 nothing was packed, when a source delivered nothing, or when more than
-``--max-skip-fraction`` of the samples read was bad.
+``--max-skip-fraction`` of the samples read was bad. An output of fewer than ``FEW_ROWS`` rows
+(a long --seq-len on a small corpus) is said in a warning naming the --seq-len that gives more;
+an --output holding a pack that never finished is named as such (refused without --overwrite).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 
 from packfeed.service.commands.args import (
     add_data_arguments,
@@ -30,6 +34,10 @@ from packfeed.service.commands.args import (
 
 HELP = "tokenize and pack inputs into a Parquet dataset directory"
 ORDER = 0
+# Fewer rows than this and a data-parallel run has too few for one step on one 8-GPU node (a
+# row per rank per step): the output is said to be small, with the --seq-len that would do.
+FEW_ROWS = 8
+logger = logging.getLogger("packfeed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--output", required=True,
                      help="directory or URI (s3://bucket/prefix, gs://...) for part-*.parquet (and .packfeed/ metadata)")
-    out.add_argument("--overwrite", action="store_true", help="replace a previous packfeed output in --output")
+    out.add_argument("--overwrite", action="store_true",
+                     help="replace a previous packfeed output in --output: a finished one, or one a killed or failed "
+                          "pack left (a pack does not resume; it starts again)")
     out.add_argument("--validate", action="store_true", help="check every row against the row convention")
     out.add_argument("--progress-seconds", type=float, default=10.0, help="seconds between progress lines (no TTY)")
     out.add_argument("--head-start", action=argparse.BooleanOptionalAction, default=True,
@@ -53,6 +63,39 @@ def run(args: argparse.Namespace) -> int:
     base = load_config_file(args.config)
     config = data_config_from_args(args, base)
     scaling = packing_from_args(args, base)
-    run_pack(config, resolve_output(args.output), scaling=scaling, address=args.address, overwrite=args.overwrite,
-             validate=args.validate, progress_seconds=args.progress_seconds, head_start=args.head_start)
+    output = resolve_output(args.output)
+    if args.overwrite:
+        _say_what_is_replaced(output)
+    stats = run_pack(config, output, scaling=scaling, address=args.address, overwrite=args.overwrite,
+                     validate=args.validate, progress_seconds=args.progress_seconds, head_start=args.head_start)
+    notice = few_rows_notice(int(stats.get("rows", 0)), config.seq_len, int(stats.get("tokens", 0)))
+    if notice:
+        logger.warning(notice)
     return 0
+
+
+def few_rows_notice(rows: int, seq_len: int, tokens: int) -> str | None:
+    """A warning when the whole output is fewer than ``FEW_ROWS`` rows (a long ``seq_len`` on a
+    small corpus: 1M-token rows of a 400k-token corpus make one row), naming the ``seq_len``
+    that gives ``FEW_ROWS``; None otherwise (and for an empty output, which the run refused)."""
+    if not 0 < rows < FEW_ROWS:
+        return None
+    fits = max(1, tokens // FEW_ROWS)
+    return (f"the whole output is {rows} row(s) of {seq_len:,} tokens ({tokens:,} tokens packed): a data-parallel "
+            f"run takes a row per rank and step, so {FEW_ROWS} ranks would get less than one step; for "
+            f"{FEW_ROWS} rows or more pack with --seq-len {fits} or less")
+
+
+def _say_what_is_replaced(output) -> None:
+    """With --overwrite, one line when the output holds an interrupted or failed pack (what
+    --overwrite then replaces: a pack does not resume), before the run starts over."""
+    from packfeed.service import storage
+    from packfeed.service.packed.location import previous_output
+
+    try:
+        state = previous_output(os.fspath(output))
+    except (OSError, ValueError):  # unreadable: the run's own checks say so, naming it
+        return
+    if state is not None and not state[0]:
+        logger.info("--output %s holds %s; --overwrite replaces it once every check has passed",
+                    storage.display(os.fspath(output)), state[1])

@@ -32,6 +32,15 @@ OVERLONG_POLICIES = ("truncate", "split", "drop")
 FORMATS = ("auto", "text", "prompt_completion", "messages", "preference")
 LOSS_MODES = ("auto", "all", "completion")
 MAX_SEQ_LEN = 1 << 20  # a row of 2^20 tokens; beyond that no model trains and numpy would try TiBs
+# The shortest row the commands (flags, config files) accept. DataConfig itself takes 2, for toy
+# rows in tests (``seq_len=4`` golden cases); a user's row of 4 tokens holds a word or two of one
+# sample and its EOS: nothing to train on, and almost every sample truncated.
+MIN_ROW_TOKENS = 8
+# The overlong policy of a strategy when none is given: concat cuts samples at row ends by
+# definition (concat-and-split), so a document longer than a row flows on into the next rows
+# rather than losing its tail; whole-sample strategies truncate (an SFT sample cut in two trains
+# its second half without its prompt).
+DEFAULT_OVERLONG = {"concat": "split"}
 MAX_SAMPLES_PER_EPOCH = 1 << 40  # ~1.1e12; sample ids and counts stay far from int64's end
 MAX_WINDOWS = 1 << 22  # windows in one run (epochs x windows per epoch): the plan lists them all
 DEFAULT_WINDOW_SAMPLES = 8192
@@ -96,6 +105,9 @@ class DataConfig:
     is shuffled (see mixture.py); 0 reads every source in file order.
     ``max_skip_fraction``: fail the run when more than this fraction of the samples read is
     skipped as bad (None: never; a run that packs nothing always fails).
+    ``overlong``: what happens to a sample longer than ``seq_len``; None (the default) is the
+    strategy's: ``split`` for concat, else ``truncate`` (``DEFAULT_OVERLONG``). The resolved
+    policy is what the config holds, hashes and records.
     ``schedule``: weights that replace the sources' shares from given positions of the stream
     (schedule.py); each entry names every source. With ``repeat`` sources an epoch keeps its
     size (the sum of the repeats' counts) and the weights share it out from the entry on.
@@ -108,7 +120,7 @@ class DataConfig:
     epochs: int = 1
     samples_per_epoch: int | None = None
     strategy: str = "exactfit"
-    overlong: str = "truncate"
+    overlong: str | None = None  # None: DEFAULT_OVERLONG of the strategy
     format: str = "auto"
     loss: str = "auto"
     add_eos: bool = True
@@ -159,6 +171,8 @@ class DataConfig:
             raise ValueError(f"seq_len must be at most {MAX_SEQ_LEN:,} tokens per row, got {self.seq_len:,}")
         _check_int("epochs", self.epochs, 1)
         _check_choice("strategy", self.strategy, STRATEGIES)
+        if self.overlong is None:
+            object.__setattr__(self, "overlong", DEFAULT_OVERLONG.get(self.strategy, "truncate"))
         _check_choice("overlong", self.overlong, OVERLONG_POLICIES)
         _check_choice("format", self.format, FORMATS)
         _check_choice("loss", self.loss, LOSS_MODES)
@@ -245,6 +259,17 @@ class DataConfig:
         """Stable hex digest of every field the stream depends on (not ``UNHASHED`` ones)."""
         d = {k: v for k, v in self.to_dict().items() if k not in UNHASHED}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_row_length(seq_len: int, what: str = "seq_len") -> None:
+    """ValueError, for a user's ``seq_len`` (a flag, a config file), when a row is too short to
+    hold anything worth training on (``MIN_ROW_TOKENS``). The upper bound is DataConfig's own
+    (``MAX_SEQ_LEN``: 1M-token rows are legal); a long row on a small corpus is said after the
+    pack, when the rows are counted (commands/pack.py)."""
+    if isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len < MIN_ROW_TOKENS:
+        raise ValueError(f"{what} {seq_len}: a row of fewer than {MIN_ROW_TOKENS} tokens holds a word or two of one "
+                         f"sample and its EOS, nothing to train on; give {MIN_ROW_TOKENS} or more (rows of 2048 to "
+                         "8192 tokens are usual)")
 
 
 def check_paths(what: str, paths: Any) -> tuple[str, ...]:

@@ -19,7 +19,8 @@ allows it).
 writing to the output before its checks passed.
 
 Costs on a store: ``check_output`` one HEAD (the location is not an object) and one LIST per
-1,000 keys, plus a GET of ``files.json`` when there is something; ``check_writable`` a PUT
+1,000 keys, plus a GET of ``files.json`` when there is something (and of ``stats.json`` when it
+is refused without ``overwrite``); ``check_writable`` a PUT
 and a delete; ``clear_previous`` two LISTs and a delete per object (objects.delete_prefix).
 """
 
@@ -47,7 +48,8 @@ _PART_EXAMPLE = "part-00000.parquet"
 def check_output(out: str, *, inputs: Sequence[str], overwrite: bool) -> list[str] | None:
     """The part files of a previous packfeed output at ``out`` that an overwrite replaces (None
     when there is none). ValueError when ``out`` is over an input, is a file, holds anything
-    packfeed did not write, or holds an output and ``overwrite`` is not given. Reads only."""
+    packfeed did not write, or holds an output and ``overwrite`` is not given (saying when that
+    output is unfinished: ``previous_output``). Reads only."""
     check_not_over_inputs(out, inputs)
     names = _top_names(out)
     if not names:
@@ -67,8 +69,36 @@ def check_output(out: str, *, inputs: Sequence[str], overwrite: bool) -> list[st
             "previous output: move them away or choose another directory"
         )
     if not overwrite:
-        raise ValueError(f"--output {storage.display(out)} already holds packed output; pass --overwrite to replace it")
+        state = previous_output(out, ours)
+        unfinished = "" if state is None or state[0] else (
+            f" (it holds {state[1]}; a pack does not resume: --overwrite packs it again from the start)")
+        raise ValueError(f"--output {storage.display(out)} already holds packed output; pass --overwrite to replace "
+                         f"it{unfinished}")
     return ours
+
+
+def previous_output(out: str, ours: Sequence[str] | None = None) -> tuple[bool, str] | None:
+    """(complete, what it is) of the packfeed output at ``out``, None when there is none:
+    ``(True, "a complete pack of 3 part file(s)")``, ``(False, "an interrupted pack: 3 part
+    file(s) listed, no .packfeed/stats.json, the marker a pack writes when it ends")`` (killed,
+    crashed, the machine lost) or ``(False, "a failed pack: status 'failed: ...'")``.
+    ``ours``: its files.json, when read already. Reads files.json and stats.json (a GET each on
+    a store)."""
+    ours = written_files(out) if ours is None else ours
+    if ours is None:
+        return None
+    parts = f"{len(ours)} part file(s)"
+    data = read_if_exists(storage.join(out, META_DIR, "stats.json"))
+    if data is None:
+        return False, (f"an interrupted pack: {parts} listed, no {META_DIR}/stats.json, the marker a pack "
+                       "writes when it ends")
+    try:
+        status = json.loads(data).get("status")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        status = None
+    if status == "complete":
+        return True, f"a complete pack of {parts}"
+    return False, f"a failed pack: status {status!r} in {META_DIR}/stats.json"
 
 
 def _top_names(out: str) -> list[str]:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -65,6 +64,7 @@ from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
 from packfeed.service.tokenize.chat_tokens import TurnEncoder
 from packfeed.service.tokenize.encoders import Encoded
+from packfeed.service.tokenize.hf_hub import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
 from packfeed.service.tokenize.pairs import encode_pairs
 
@@ -164,7 +164,7 @@ class SampleTokenizer:
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer, **hub_kwargs(tokenizer))
         self._tok = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         if self._backend is None:
@@ -466,20 +466,12 @@ def _merge(groups: list[_Group]) -> _Group:
     return merged
 
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "gpt2", "Qwen/Qwen2.5-0.5B"
-
-
-def looks_local(name: str) -> bool:
-    """Is ``name`` meant as a local path rather than a Hugging Face id? An existing path, or a
-    name a Hub id cannot be: ``./tok``, ``/abs/tok``, ``~/tok``, ``a/b/c``. ``org/name`` is an
-    id unless it exists here."""
-    return os.path.exists(name) or not _HUB_ID.fullmatch(name)
-
-
 def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) -> SampleTokenizer:
     """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
     mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
     directory, a corrupt tokenizer.json, a Hub id that cannot be loaded (not cached, no network).
+    A Hub id while the Hub is unreachable loads from the local cache only (``hub_unreachable``:
+    one probe, not transformers' retries), or fails in one line when it is not cached.
 
     ``snapshot``: for a caller that packs with it and ships it (pack, serve), not one that
     saves or decodes with it: a local directory whose files an earlier load saw unchanged
@@ -496,16 +488,22 @@ def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) 
     kept = snapshots.load(name_or_path, key)
     if kept is not None:
         return SampleTokenizer(kept, **kwargs)
+    unreachable = None if local else hub_unreachable(name_or_path)
     try:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **({"local_files_only": True} if unreachable else {}))
     except Exception as e:  # transformers raises OSError, ValueError, JSONDecodeError, Exception...
+        if unreachable:
+            raise hub_unreachable_error("tokenizer", name_or_path, unreachable) from None
         detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(
             f"tokenizer {name_or_path!r}: cannot load it ({type(e).__name__}: {detail}); give a directory with a "
             "valid tokenizer.json (and tokenizer_config.json), or a Hugging Face id already in the local cache"
         ) from None
+    if unreachable:
+        logger.info("tokenizer %r: the Hugging Face Hub is unreachable (%s): loaded from the local cache",
+                    name_or_path, unreachable)
     loaded = SampleTokenizer(tokenizer, **kwargs)
     if key is not None:
         from packfeed.service.tokenize.shipped import ShippedTokenizer

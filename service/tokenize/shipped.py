@@ -135,5 +135,7 @@ class ShippedTokenizer:
         if self._full is None:
             from transformers import AutoTokenizer
 
-            self._full = AutoTokenizer.from_pretrained(self.name_or_path)
+            from packfeed.service.tokenize.hf_hub import hub_kwargs
+
+            self._full = AutoTokenizer.from_pretrained(self.name_or_path, **hub_kwargs(self.name_or_path))
         return self._full

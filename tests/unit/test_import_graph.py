@@ -42,13 +42,7 @@ OPTIONAL_THIRD_PARTY = frozenset({"fsspec"})
 
 # Known circles, one edge each that closes it (source, target). To be removed: each entry goes
 # when the move proposed for it is made; a new circle, or an entry no longer in a circle, fails.
-KNOWN_CIRCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
-    # To be removed. samples -> shipped (ship(), load_tokenizer()) and samples -> snapshots ->
-    # shipped, closed by shipped._full_tokenizer()'s `from ...samples import hub_kwargs`. Move:
-    # the Hub helpers (looks_local, hub_unreachable, hub_kwargs, hub_unreachable_error, _probe)
-    # out of samples.py into a stdlib-only tokenize/hub.py that samples and shipped both import.
-    ("packfeed.service.tokenize.shipped", "packfeed.service.tokenize.samples"),
-})
+KNOWN_CIRCLE_EDGES: frozenset[tuple[str, str]] = frozenset()  # circles not yet removed (none): (importer, imported)
 
 LAYERS = {  # package -> the packfeed packages it must not import
     "packfeed.client": ("packfeed.service", "packfeed.trainer"),

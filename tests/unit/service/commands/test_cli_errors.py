@@ -85,7 +85,7 @@ def test_a_typo_in_the_tokenizer_path_is_named(capsys, good, tmp_path):
 ])
 def test_a_hub_id_is_not_taken_for_a_missing_directory(name, local):
     """Tokenizer and model names: a path that does not exist is named at once; a Hub id is loaded."""
-    from packfeed.service.tokenize.samples import looks_local
+    from packfeed.service.tokenize.hf_hub import looks_local
 
     assert looks_local(name) is local
 

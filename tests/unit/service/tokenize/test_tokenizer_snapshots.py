@@ -232,6 +232,7 @@ def test_no_snapshot_unless_asked_and_none_for_a_hub_id(cache, monkeypatch):
     assert not isinstance(load_tokenizer(demo_tokenizer_path()).tokenizer, ShippedTokenizer)
     assert entries(cache) == []
     # a Hub id in the local cache, as transformers would load it (stood in for: no network here)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no probe of the Hub (hf_hub.py) from a unit test
     bundled = AutoTokenizer.from_pretrained(demo_tokenizer_path())
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda name, *a, **k: bundled)
     for _ in range(2):
