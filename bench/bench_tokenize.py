@@ -136,7 +136,7 @@ if kind == "hf":
     backend = tok.backend_tokenizer
     encode = lambda batch: sum(len(e.ids) for e in backend.encode_batch_fast(batch, add_special_tokens=False))
 else:
-    from packfeed.service.tokenize.backend import load_fast
+    from packfeed.service.tokenize.fast.backend import load_fast
     fast, _, _ = load_fast(tok.backend_tokenizer, threads=1)
     special = kind == "fast_special"  # quicktok's own special-token scan; else ordinary text
     encode = lambda batch: len(fast.quick.encode_batch(batch, 1, special)[0])

@@ -1,5 +1,5 @@
 """The test session keeps packfeed's machine-wide cache to itself: quicktok's imported files
-(service/tokenize/quick_cache.py) go to a directory of this session, inherited by every process
+(service/tokenize/fast/quick_cache.py) go to a directory of this session, inherited by every process
 the tests start, so no test depends on what an earlier run left in ~/.cache."""
 
 import os

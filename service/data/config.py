@@ -45,7 +45,7 @@ MAX_SAMPLES_PER_EPOCH = 1 << 40  # ~1.1e12; sample ids and counts stay far from 
 MAX_WINDOWS = 1 << 22  # windows in one run (epochs x windows per epoch): the plan lists them all
 DEFAULT_WINDOW_SAMPLES = 8192
 DEFAULT_BLOCK_SAMPLES = 256
-TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenize/backend.py
+TOKENIZER_BACKENDS = ("auto", "hf", "fast")  # see tokenize/fast/backend.py
 # Fields that change how a run behaves or how rows are computed, not the rows themselves
 # (the tokenizer back-ends give identical rows): left out of config_hash().
 UNHASHED = ("max_skip_fraction", "tokenizer_backend", "strict")  # strict: a run fails instead of skipping; rows equal

@@ -139,7 +139,7 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline
     from packfeed.service.pipeline.stats import new_run_stats
     from packfeed.service.pipeline.window import process_window
-    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.tokenize.fast.backend import log_choices
     from packfeed.service.tokenize.samples import SampleTokenizer
 
     stats = new_run_stats(plan)

@@ -428,7 +428,7 @@ def _share_entry(head: dict[str, Any], sources: dict[int, Counts], index: int) -
 def fold_window(run: RunStats, stats: WindowStats) -> None:
     """A window's accounting into the run's; the tokenizer back-end choices it brings that
     were not said yet, logged."""
-    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.tokenize.fast.backend import log_choices
 
     said = len(run.tokenizer_checks)
     run.add(stats)

@@ -60,9 +60,9 @@ from packfeed.service.inputs.read import RawWindow
 from packfeed.service.inputs.records import (
     NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, Preference, PromptCompletion, Skip,
 )
-from packfeed.service.tokenize.backend import BACKENDS, EncoderChoice
+from packfeed.service.tokenize.fast.backend import BACKENDS, EncoderChoice
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
-from packfeed.service.tokenize.chat_tokens import TurnEncoder
+from packfeed.service.tokenize.fast.chat_tokens import TurnEncoder
 from packfeed.service.tokenize.encoders import Encoded
 from packfeed.service.tokenize.hf_hub import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask

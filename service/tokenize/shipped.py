@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from packfeed.service.tokenize.backend import FastProof
+from packfeed.service.tokenize.fast.backend import FastProof
 
 _NO_TOOLS, _TOOLS = "no_tools", "tools"
 

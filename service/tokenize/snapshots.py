@@ -25,7 +25,7 @@ import logging
 from importlib import metadata
 from pathlib import Path
 
-from packfeed.service.tokenize import quick_cache
+from packfeed.service.tokenize.fast import quick_cache
 from packfeed.service.tokenize.shipped import ShippedTokenizer
 
 logger = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from test_tokenize import window
 
 from packfeed.service.inputs.records import Conversation
-from packfeed.service.tokenize.backend import load_fast
+from packfeed.service.tokenize.fast.backend import load_fast
 from packfeed.service.tokenize.chat import known_template
-from packfeed.service.tokenize.chat_tokens import TurnEncoder, _crosses
+from packfeed.service.tokenize.fast.chat_tokens import TurnEncoder, _crosses
 from packfeed.service.tokenize.encoders import HFEncoder
 from packfeed.service.tokenize.samples import SampleTokenizer
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from support.tokenizers import small_bpe
 
-from packfeed.service.tokenize import quick_cache
-from packfeed.service.tokenize.backend import load_fast
+from packfeed.service.tokenize.fast import quick_cache
+from packfeed.service.tokenize.fast.backend import load_fast
 
 TEXTS = ["The cat sat on the mat.", "def f(x):\n\treturn x ** 2  # 🦩", "<s>tokens</s> around<|im_end|>"]
 
@@ -37,7 +37,7 @@ def ids(encoder) -> list:
 @pytest.fixture
 def comparisons(monkeypatch):
     """The stress comparisons (step 3) that ran, counted."""
-    from packfeed.service.tokenize import backend as backend_module
+    from packfeed.service.tokenize.fast import backend as backend_module
 
     calls = []
     real = backend_module.compare_encoders
@@ -110,8 +110,8 @@ def test_other_stress_texts_run_the_check_again(imports, comparisons):
 
 
 def test_a_refused_check_is_not_kept(imports, comparisons, monkeypatch):
-    from packfeed.service.tokenize import backend as backend_module
-    from packfeed.service.tokenize.fast_checks import FastPathRefused
+    from packfeed.service.tokenize.fast import backend as backend_module
+    from packfeed.service.tokenize.fast.checks import FastPathRefused
 
     counted = backend_module.compare_encoders
 
@@ -131,7 +131,7 @@ def test_a_refused_check_is_not_kept(imports, comparisons, monkeypatch):
 def test_a_damaged_verdict_runs_the_check_again(imports, comparisons, damage):
     import quicktok
 
-    from packfeed.service.tokenize.fast_checks import backend_spec, stress_texts
+    from packfeed.service.tokenize.fast.checks import backend_spec, stress_texts
 
     backend = small_bpe()
     _, _, files = load_fast(backend)

@@ -32,12 +32,13 @@ from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.commands.args import add_data_arguments, data_config_from_args
 from packfeed.service.data.config import DataConfig
-from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
+from packfeed.service.tokenize.encoders import HFEncoder
+from packfeed.service.tokenize.fast.encoder import FastEncoder
 from packfeed.service.inputs.records import Conversation, PromptCompletion
 from packfeed.service.data.plan import build_plan
 from packfeed.service.inputs.read import read_window
 from packfeed.service.tokenize.samples import SampleTokenizer, TokenizedSamples
-from packfeed.service.tokenize.backend import FastPathRefused, load_fast, verification_sample
+from packfeed.service.tokenize.fast.backend import FastPathRefused, load_fast, verification_sample
 from packfeed.service.pipeline.window import process_window
 
 SPLIT_CHARS = "🦩🪿龘ꙮ𓀀"  # each is two or three byte tokens in Qwen's vocabulary
@@ -308,7 +309,7 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
         SampleTokenizer(tok, backend="fast")
     auto = SampleTokenizer(tok, backend="auto")
     assert auto.backend == "undecided"
-    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.backend"):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.fast.backend"):
         for _ in range(3):
             assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), auto.tokenize(window(records)))
     assert auto.backend == "hf" and reason in auto.backend_report["reason"]
@@ -317,7 +318,7 @@ def test_refused_tokenizer_falls_back_under_auto_and_raises_under_fast(make, rea
 
 
 def fallback_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenize.backend"]
+    return [r.getMessage() for r in caplog.records if r.name == "packfeed.service.tokenize.fast.backend"]
 
 
 def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog):
@@ -328,7 +329,7 @@ def test_a_difference_only_the_data_shows_falls_back_at_the_first_window(caplog)
     with pytest.raises(FastPathRefused, match=r"tokens differ from HF on mem\.jsonl row 1 \(sample 1\) at token 5"):
         fast.tokenize(window(records))
     auto = SampleTokenizer(tok)
-    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.backend"):
+    with caplog.at_level(logging.DEBUG, logger="packfeed.service.tokenize.fast.backend"):
         out = auto.tokenize(window(records))
     assert auto.backend == "hf" and "row 1 (sample 1)" in auto.backend_report["reason"]
     assert_identical(SampleTokenizer(tok, backend="hf").tokenize(window(records)), out)
@@ -384,13 +385,13 @@ def test_backend_is_configurable_but_not_part_of_the_stream_identity():
 
 
 def test_a_runs_back_end_choices_are_logged_once_each(caplog):
-    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.tokenize.fast.backend import log_choices
 
     refused = {"tokenizer": "t", "requested": "auto", "backend": "hf", "reason": "quicktok refused the import: x"}
     proven = {"tokenizer": "t", "requested": "auto", "backend": "fast", "reason": "verified"}
     asked = {"tokenizer": "t", "requested": "hf", "backend": "hf", "reason": "requested"}
     checks: list = []
-    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.backend"):
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.fast.backend"):
         for new in ([refused, refused], [asked], [refused, proven], [proven]):  # actors reporting, window by window
             said = len(checks)
             checks.extend(new)
@@ -404,11 +405,11 @@ def test_a_refusal_at_load_is_said_by_the_driver_before_the_actors_report_it(cap
     """Issue 24: under auto the fallback reason came only after Ray started (from the actors'
     window stats). ``check_backend`` runs the load-time checks on the driver and says it; the
     actors' identical reports are not said again."""
-    from packfeed.service.tokenize.backend import log_choices
+    from packfeed.service.tokenize.fast.backend import log_choices
 
     tok = gpt2_regex_tokenizer()
     driver = SampleTokenizer(tok)
-    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.backend"):
+    with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.fast.backend"):
         line = driver.check_backend()
         assert driver.backend == "hf" and driver.check_backend() is None  # decided: said once
         actor = SampleTokenizer(tok)  # a packing actor: undecided until its first window

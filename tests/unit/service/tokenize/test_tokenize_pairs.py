@@ -141,7 +141,7 @@ def test_the_drivers_template_check_covers_conversational_pairs(toks):
 def test_the_fast_back_ends_proof_compares_the_pair_columns(toks):
     from dataclasses import replace
 
-    from packfeed.service.tokenize.backend import FastPathRefused, check_window
+    from packfeed.service.tokenize.fast.backend import FastPathRefused, check_window
 
     raw = window([Preference("the sky is", " blue", " no"), "hello world"])
     out = SampleTokenizer(toks["chatml"], backend="hf").tokenize(raw)

@@ -28,7 +28,8 @@ from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.pipeline.window import process_window
-from packfeed.service.tokenize import quick_cache, snapshots
+from packfeed.service.tokenize import snapshots
+from packfeed.service.tokenize.fast import quick_cache
 from packfeed.service.tokenize.samples import load_tokenizer
 from packfeed.service.tokenize.shipped import ShippedTokenizer
 

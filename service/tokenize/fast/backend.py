@@ -1,6 +1,6 @@
 """Choosing the encoder back-end of a tokenizer: ``hf``, ``fast``, or ``auto`` (fast if proven).
 
-The fast back-end (``encoders.FastEncoder``, quicktok) is used only for a tokenizer it has
+The fast back-end (``fast.encoder.FastEncoder``, quicktok) is used only for a tokenizer it has
 reproduced exactly. ``load_fast`` proves it in three steps, each refusing with a reason a
 user can read:
 
@@ -48,9 +48,10 @@ from typing import Any, Callable
 import numpy as np
 
 from packfeed.service.data.config import TOKENIZER_BACKENDS
-from packfeed.service.tokenize import quick_cache
-from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
-from packfeed.service.tokenize.fast_checks import (
+from packfeed.service.tokenize.fast import quick_cache
+from packfeed.service.tokenize.encoders import HFEncoder
+from packfeed.service.tokenize.fast.encoder import FastEncoder
+from packfeed.service.tokenize.fast.checks import (
     FastPathRefused,
     backend_spec,
     compare_encoders,

@@ -41,7 +41,7 @@ import numpy as np
 
 from packfeed.client.offsets import offsets_of, run_sums
 from packfeed.service.tokenize.chat import ChatML
-from packfeed.service.tokenize.encoders import FastEncoder
+from packfeed.service.tokenize.fast.encoder import FastEncoder
 
 START, END = "<|im_start|>", "<|im_end|>"
 _HEADER = len("assistant\n")  # bytes of an assistant turn's text before its content

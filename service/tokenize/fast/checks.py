@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from packfeed.client.offsets import starts_of
-from packfeed.service.tokenize.encoders import FastEncoder, HFEncoder
+from packfeed.service.tokenize.encoders import HFEncoder
+from packfeed.service.tokenize.fast.encoder import FastEncoder
 
 class FastPathRefused(ValueError):
     """The fast back-end cannot reproduce this tokenizer; the message says why."""
