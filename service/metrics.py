@@ -7,8 +7,13 @@ serving does no metric bookkeeping on its hot path. Names (all prefixed ``packfe
 ====================================  =======  ==================================================
 metric                                type     meaning
 ====================================  =======  ==================================================
-rows_served_total                     counter  real rows sent to consumers (padding excluded)
+rows_served_total                     counter  real rows sent to their consumer the first time:
+                                               each row once per rank of a world size (padding
+                                               excluded; see "sent" below)
 tokens_served_total                   counter  real tokens of those rows (rate: tokens/s consumed)
+rows_resent_total                     counter  real rows sent again to a rank that was sent them
+                                               before (it resumed from a cursor before them)
+rows_sent_total                       counter  real rows sent, every send (served + resent)
 batches_sent_total                    counter  PackedBatch messages sent
 bytes_sent_total                      counter  bytes of those messages
 streams                               gauge    StreamBatches calls open now
@@ -35,6 +40,14 @@ storage_retries_total                 counter  those retried (throttling, 5xx, t
 storage_failures_total                counter  those given up on
 storage_read_bytes_total              counter  bytes read from object stores
 ====================================  =======  ==================================================
+
+"Sent" is gRPC's: a batch counts once gRPC has written it towards the consumer and asks for
+the next, ahead of the consumer's reads (HTTP/2 windows and socket buffers: MBs; a whole
+873-row stream, 219 batches, while its client read 5). A consumer that leaves loses what it
+had not read and asks for those rows again from its cursor: they count in rows_resent_total,
+so rows_served_total stays at most the stream's rows for one group of consumers (it reached
+1,666 for an 873-row stream when every send counted as served). Rows sent to a consumer that
+never comes back stay counted as served: no request says what it read.
 
 The packing families count the windows this server has packed (each once, however often it is
 packed again). A packed directory is served as it is, packed before: its packing families are
@@ -66,8 +79,15 @@ class ServeCollector:
 
     def collect(self):
         snap = self.hub.snapshot()
-        yield _counter("rows_served", "real rows sent to consumers (padding excluded)", self.service.rows_sent)
-        yield _counter("tokens_served", "real tokens of the rows sent to consumers", self.service.tokens_sent)
+        yield _counter("rows_served", "real rows sent to their consumer the first time: each row once per rank of a "
+                       "world size, counted when gRPC has sent it (ahead of the consumer's reads); padding excluded",
+                       self.service.rows_served)
+        yield _counter("tokens_served", "real tokens of the rows counted in rows_served", self.service.tokens_served)
+        yield _counter("rows_resent", "real rows sent again to a rank that was sent them before (it resumed from a "
+                       "cursor before them: rows it had not read when it left, or a replay from a checkpoint)",
+                       self.service.rows_resent)
+        yield _counter("rows_sent", "real rows sent to consumers, every send (served + resent); padding excluded",
+                       self.service.rows_sent)
         yield _counter("batches_sent", "PackedBatch messages sent", self.service.batches_sent)
         yield _counter("bytes_sent", "bytes of PackedBatch messages sent", self.service.bytes_sent)
         yield _gauge("streams", "StreamBatches calls open now", self.service.streams)

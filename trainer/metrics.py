@@ -154,10 +154,35 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+PACKING_KEYS = ("rows", "tokens", "efficiency", "samples_packed", "windows")
+PACKED_OUTPUT = "packed output"  # ``packing["from"]``: the packed directory's stats.json, packed before
+READER = "reader"  # ``packing["from"]``: the windows this run's reader packed
+
+
+def packing_figures(stats: Mapping[str, Any] | None, *, origin: str) -> dict[str, Any] | None:
+    """The summary's ``packing``: ``PACKING_KEYS`` of ``stats`` and where they come from
+    (``origin``: ``PACKED_OUTPUT`` for a packed directory's stats.json, ``READER`` for the
+    RunStats of the windows this run packed). None when they say nothing: no row counted (a
+    packed directory's run, whose reader packs no window; a finished run resumed) or no
+    efficiency. The summary then has no packing line: a packed directory's run used to say
+    ``packing efficiency 0.0% (0 rows packed)`` of rows packed at 98%."""
+    stats = stats or {}
+    if not stats.get("rows") or stats.get("efficiency") is None:
+        return None
+    return {**{k: stats.get(k) for k in PACKING_KEYS}, "from": origin}
+
+
+def _packing_lines(packing: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The packing line of the summary, or none when its figures are unknown (``packing_figures``)."""
+    if not packing or not packing.get("rows") or packing.get("efficiency") is None:
+        return []
+    where = ", from the packed output's stats.json" if packing.get("from") == PACKED_OUTPUT else ""
+    return [("packing efficiency", f"{packing['efficiency']:.1%} ({packing['rows']:,} rows packed{where})")]
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The closing summary ``packfeed train`` prints: one aligned line per figure of
-    ``summary`` (``summarize``'s, with the driver's packing, wall time and outcome)."""
-    packing = summary.get("packing") or {}
+    ``summary`` (``summarize``'s, with the packing figures, wall time and outcome)."""
     lines = [
         ("steps", f"{summary.get('steps', 0)}" + (" (stopped early: data exhausted)" if summary.get("stopped_early") else "")),
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
@@ -166,7 +191,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("real tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("row fill (trained rows)", f"{summary.get('mean_fill', 0):.1%}"),
         ("data wait", f"{summary.get('mean_data_wait', 0):.1%}"),
-        ("packing efficiency", f"{(packing.get('efficiency') or 0):.1%} ({packing.get('rows') or 0:,} rows packed)"),
+        *_packing_lines(summary.get("packing")),
         ("wall time", f"{summary.get('wall_seconds', 0):.1f} s"),
         _outcome(summary),
     ]

@@ -45,7 +45,7 @@ from typing import Any, NoReturn
 from packfeed.service import faults, storage
 from packfeed.service.data.plan import build_plan
 from packfeed.service.data.probe import check_inputs
-from packfeed.service.delivery.row_stream import find_packed_dir
+from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir
 from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster, ray_initialised as ray_is_up
 from packfeed.service.pipeline.stats import run_failure
 from packfeed.service.tokenize.samples import load_tokenizer
@@ -54,7 +54,7 @@ from packfeed.trainer.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
 from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
 from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.metrics import format_summary, plot_loss, read_jsonl, summarize
+from packfeed.trainer.metrics import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
 from packfeed.trainer.loss_head import check_loss_head
 from packfeed.trainer.mixture_hook import load_hook
 from packfeed.trainer.model import check_model
@@ -229,8 +229,9 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
     records = read_jsonl(path(output, "metrics.jsonl"))
     summary = summarize(records)
     summary["wall_seconds"] = time.perf_counter() - started
-    summary["packing"] = {k: packing.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
-    if packing.get("sources"):
+    summary["packing"] = (packing_figures(packed_or_plan.info.get("stats"), origin=PACKED_OUTPUT)
+                          if isinstance(packed_or_plan, PackedDir) else packing_figures(packing, origin=READER))
+    if summary["packing"] is not None and packing.get("sources"):
         summary["packing"]["sources"] = packing["sources"]
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
     summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted

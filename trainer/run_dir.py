@@ -16,7 +16,8 @@ file                          written by                              on an obje
 ============================  ======================================  =============================================
 
 A store has no rename: a ``final/`` is whole when its ``FINAL_STATE`` (written last) exists,
-and a new one replaces the old with that object deleted first.
+and a new one replaces the old with that object deleted first; the ``.final.partial/`` it was
+copied from is deleted whole, its own ``name/`` key included (``remove_dir``).
 """
 
 from __future__ import annotations
@@ -156,8 +157,27 @@ def publish_final(output: str | Path, tokenizer: Any) -> int:
     for rel in names:
         source, target = path(partial, rel), path(final, rel)
         _on_store(target, "copy", lambda: fs.copy_file(storage.resolve(source)[1], storage.resolve(target)[1]))
-    storage.delete_prefix(partial)
+    remove_dir(partial)
     return step
+
+
+def remove_dir(uri: str) -> None:
+    """Delete ``uri`` on a store whole: every key under it, then its own ``name/`` key.
+
+    ``storage.delete_prefix`` keeps the "directory": Arrow writes an empty ``name/`` key to keep
+    it in being, so a run published on S3 kept a ``.final.partial/`` key (measured against
+    moto). Arrow's ``delete_dir`` removes it (one DELETE, after a LIST) and, as every delete of
+    Arrow's, puts an empty key for the parent instead: the output's own ``name/``, harmless."""
+    storage.delete_prefix(uri)
+    fs, inside = storage.resolve(uri)
+
+    def delete() -> None:
+        try:
+            fs.delete_dir(inside)
+        except FileNotFoundError:  # no key left, not even its own
+            pass
+
+    _on_store(uri, "delete", delete)
 
 
 def ray_storage(output: str | Path) -> dict[str, Any]:

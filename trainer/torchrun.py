@@ -59,7 +59,7 @@ from packfeed.trainer.config import RunConfig
 from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
 from packfeed.trainer.loss_head import check_loss_head
 from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.metrics import format_summary, plot_loss, read_jsonl, summarize
+from packfeed.trainer.metrics import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
 from packfeed.trainer.model import check_model
 from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
 from packfeed.trainer.run_dir import publish_final, write_json
@@ -373,7 +373,7 @@ def _finish(run: RunConfig, output: Path, packed: Any, runtime: TorchrunRuntime,
     summary["launcher"] = "torchrun"
     if packed is not None:
         stats = packed.info.get("stats", {})
-        summary["packing"] = {k: stats.get(k) for k in ("rows", "tokens", "efficiency", "samples_packed", "windows")}
+        summary["packing"] = packing_figures(stats, origin=PACKED_OUTPUT)
     if runtime.stopped_at is not None:
         checkpoint = latest_checkpoint(output)
         summary["stopped"] = {"signal": runtime.stop.name, "step": runtime.stopped_at, "checkpoint": str(checkpoint)}

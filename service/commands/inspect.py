@@ -2,6 +2,12 @@
 
     packfeed inspect runs/demo-pack                 # the report: config, totals, sources, epochs
     packfeed inspect runs/demo-pack --row 3         # row 3 decoded, segment by segment
+    packfeed inspect s3://bucket/packed/demo        # an output ``pack`` wrote to a store
+
+DIR is whatever the storage layer takes (service/storage/: a path, s3://, gs://, ...), as for
+``pack --output`` and ``serve``: passed on as given (it used to be made a ``Path``, which
+turned ``s3://b/p`` into ``s3:/b/p``, a local path that does not exist). A row is read from its
+row group alone (on a store: the part's footer and that group's ranged GETs).
 
 A decoded row shows every segment on its own line with its sample id and length; tokens the
 loss trains on are in ``[[ ]]``, the rest (prompts, the first token of each sample, padding)
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import numpy as np
 
@@ -28,25 +33,27 @@ ORDER = 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", type=Path, help="a `packfeed pack --output` directory")
+    parser.add_argument("directory", help="a `packfeed pack --output` directory or URI (s3://bucket/prefix, ...)")
     parser.add_argument("--row", type=int, action="append", help="decode this row (repeatable)")
     parser.add_argument("--tokenizer", help="tokenizer to decode with (default: the one the directory was packed with)")
     parser.add_argument("--json", action="store_true", help="print the stats as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    from packfeed.service import storage
     from packfeed.service.pipeline.stats import format_summary, upgrade_stats
     from packfeed.service.packed.writer import packed_dir_info
 
+    shown = storage.display(args.directory)  # a URI's credentials are never printed
     info = packed_dir_info(args.directory)  # an unfinished pack: ValueError saying what is there
     if info is None:
-        raise ValueError(f"{args.directory} is not a packfeed output directory (no .packfeed/config.json)")
+        raise ValueError(f"{shown} is not a packfeed output directory (no .packfeed/config.json)")
     stats, config = upgrade_stats(info["stats"]), info["config"]
     if args.json:
         print(json.dumps(stats, indent=2))
     else:
         data = config["data"]
-        print(f"{args.directory}: {stats['rows']:,} rows of {data['seq_len']} tokens, stream {config['config_hash']}, "
+        print(f"{shown}: {stats['rows']:,} rows of {data['seq_len']} tokens, stream {config['config_hash']}, "
               f"tokenizer {data['tokenizer']}, strategy {data['strategy']}, {data.get('epochs', 1)} epoch(s)")
         print(format_summary(stats))
     for r in args.row or []:
@@ -54,23 +61,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def decode_row(directory: Path, index: int, tokenizer_name: str) -> str:
-    """Row ``index`` of the directory as text, segment by segment, trained tokens in [[ ]]."""
-    import pyarrow.parquet as pq
-
+def decode_row(directory: str, index: int, tokenizer_name: str) -> str:
+    """Row ``index`` of the directory (a path or URI) as text, segment by segment, trained
+    tokens in [[ ]]."""
     from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
+    from packfeed.service import storage
     from packfeed.service.tokenize.samples import load_tokenizer
-    from packfeed.service.packed.writer import part_files
+    from packfeed.service.packed.writer import open_parquet, part_files
 
-    first = 0
+    table, first = None, 0
     for f in part_files(directory):
-        meta = pq.ParquetFile(f).metadata
-        if index < first + meta.num_rows:
-            table = pq.read_table(f).slice(index - first, 1)
+        part = open_parquet(f)
+        for group in range(part.metadata.num_row_groups):
+            num_rows = part.metadata.row_group(group).num_rows
+            if index < first + num_rows:
+                table = part.read_row_group(group).slice(index - first, 1)
+                break
+            first += num_rows
+        if table is not None:
             break
-        first += meta.num_rows
     else:
-        raise ValueError(f"{directory} has {first:,} rows; row {index} does not exist")
+        raise ValueError(f"{storage.display(directory)} has {first:,} rows; row {index} does not exist")
     tok = load_tokenizer(tokenizer_name).tokenizer
     ids = np.asarray(table.column("input_ids")[0].as_py())
     labels = np.asarray(table.column("labels")[0].as_py())

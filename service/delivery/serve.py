@@ -207,7 +207,7 @@ def _status_loop(stop: threading.Event, hub, service, every: float) -> None:
         last_rows, last_t = rows, now
         if service.streams or rate:
             logger.info(
-                "serving: %d stream(s), %.0f rows/s served, buffer %s/%s rows, reader at row %s, %s, "
+                "serving: %d stream(s), %.0f rows/s sent, buffer %s/%s rows, reader at row %s, %s, "
                 "%d catch-up window(s) packed", service.streams, rate, f"{snap['held_rows']:,}",
                 f"{snap['capacity']:,}", f"{snap['produced']:,}", consumers_status(snap["attached"], snap["max_lag"]),
                 snap["catchup_windows"],

@@ -16,7 +16,15 @@
 ``max_consumers`` limits concurrent ``StreamBatches`` calls only (RESOURCE_EXHAUSTED beyond
 it): Describe and health checks are always answered, so a liveness probe never kills a busy
 server. Every stream is logged when it opens and when it ends (rank, world size, cursor,
-batches sent, why it ended).
+batches and rows sent, why it ended).
+
+What "sent" means: a batch counts once gRPC has taken it and asks for the next, which is when
+it has been written towards the consumer, not when the consumer read it. gRPC sends ahead of
+the reads, as far as HTTP/2 flow control and the socket buffers let it (MBs: a whole 873-row
+stream of 512-token rows, 219 batches, while its client read 5); what a consumer that leaves
+had not read is lost, and it asks for those rows again from its cursor. So the counters are:
+rows sent (every send), rows served (a row's first delivery to its rank of a world size:
+``steps.Deliveries``) and rows resent (sent again: a resume, a replay from a checkpoint).
 
 A bearer token, when set, is checked on every call, these two included (an interceptor,
 constant-time comparison). Refused calls are counted by reason (``auth_refused``, the
@@ -42,6 +50,7 @@ from concurrent import futures
 from typing import Callable, Iterator
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -54,7 +63,7 @@ from packfeed.client.transport import (
     channel_options,
 )
 from packfeed.client.mixture import change_message, change_record
-from packfeed.client.rows import IGNORE_INDEX
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
@@ -62,7 +71,7 @@ from packfeed.service.delivery.assign import CursorOutOfRange, check_request
 from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
 from packfeed.service.delivery.mixture_changes import MixtureChange, MixtureRefused
 from packfeed.service.delivery.row_stream import RowStream
-from packfeed.service.delivery.steps import rank_batch
+from packfeed.service.delivery.steps import Deliveries, RankBatch, rank_batch
 from packfeed.service.errors import root_cause
 
 logger = logging.getLogger("packfeed")
@@ -78,8 +87,12 @@ class PackFeedService:
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
         self.bytes_sent = 0
-        self.rows_sent = 0  # real rows in the batches sent (padding excluded)
+        self.rows_sent = 0  # real rows in the batches sent (padding excluded), each send
         self.tokens_sent = 0  # real tokens of those rows
+        self.rows_served = 0  # of rows_sent: a row's first send to its rank (of its world size)
+        self.tokens_served = 0  # real tokens of those rows
+        self.rows_resent = 0  # of rows_sent: sent to that rank before (a consumer resumed before them)
+        self.deliveries = Deliveries()
         self.draining = False  # set by drain(): calls ending from now on end because of it
         self.auth_refused: Counter = Counter()  # reason ("missing token", "wrong token") -> calls refused
         self._refusals_unlogged, self._refusal_logged_at = 0, float("-inf")
@@ -157,17 +170,28 @@ class PackFeedService:
             self.streams += 1
         who = f"rank {req.rank}/{req.world_size} ({context.peer()}), batch {req.batch_rows}, cursor {req.cursor:,}"
         logger.info("consumer connected: %s", who)
-        sent, why = 0, "cancelled"
+        sent = rows_sent = rows_resent = 0
+        why = "cancelled"
         try:
-            for message, rows, tokens in self._batches(req, context):
+            for message, batch in self._batches(req, context):
                 yield message
-                sent += 1
+                # sent: gRPC wrote it towards the consumer and asks for the next (read or not)
+                rows = batch.assignment.rows
+                again = self.deliveries.record(req.world_size, req.rank, rows)
+                resent = int(again.sum())
+                resent_tokens = _real_tokens(batch, again) if resent else 0
+                sent, rows_sent, rows_resent = sent + 1, rows_sent + len(rows), rows_resent + resent
                 with self._lock:
                     self.batches_sent += 1
                     self.bytes_sent += len(message)
-                    self.rows_sent += rows
-                    self.tokens_sent += tokens
-            why = "end of stream" if context.is_active() else "cancelled"  # a consumer gone ends the loop too
+                    self.rows_sent += len(rows)
+                    self.tokens_sent += batch.num_real_tokens
+                    self.rows_served += len(rows) - resent
+                    self.tokens_served += batch.num_real_tokens - resent_tokens
+                    self.rows_resent += resent
+            # the last batch sent, not read: the consumer reads what gRPC still holds at its pace
+            why = ("the stream's last batch sent (the consumer reads what gRPC still holds)" if context.is_active()
+                   else "cancelled")  # a consumer gone ends the loop too
         except _EndCall as end:
             why = end.why
             context.abort(end.code, end.details)
@@ -179,12 +203,14 @@ class PackFeedService:
                 why = "cancelled during the drain"  # still sending when --grace-seconds ran out, or the client left
             with self._lock:
                 self.streams -= 1
-            logger.info("consumer disconnected: %s, after %d batch(es): %s", who, sent, why)
+            again = f", {rows_resent:,} of them sent to this rank before" if rows_resent else ""
+            logger.info("consumer disconnected: %s, %d batch(es) sent (%s rows%s): %s", who, sent, f"{rows_sent:,}",
+                        again, why)
 
     def _batches(self, req: packfeed_pb2.StreamRequest,
-                 context: grpc.ServicerContext) -> Iterator[tuple[bytes, int, int]]:
-        """(message, its real rows, their real tokens) step after step; _EndCall when the call
-        must end with a status other than OK."""
+                 context: grpc.ServicerContext) -> Iterator[tuple[bytes, RankBatch]]:
+        """(message, the batch it encodes) step after step; _EndCall when the call must end
+        with a status other than OK."""
         with self.hub.consumer(alive=context.is_active) as consumer:
             step = 0
             while True:
@@ -210,7 +236,7 @@ class PackFeedService:
                 wanted = batch.assignment
                 message = encode_batch(batch.rows, cursor=wanted.cursor, padding_rows=batch.padding,
                                        step=step).SerializeToString()
-                yield message, len(wanted.rows), batch.num_real_tokens
+                yield message, batch
                 for row in faults.armed("serve-row"):
                     if row in wanted.rows:
                         faults.point("serve-row", row)
@@ -256,6 +282,13 @@ class PackFeedService:
                 m.mixture.check_recorded([MixtureChange.from_dict(change_record(c)) for c in req.mixture_changes])
             except ValueError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+
+def _real_tokens(batch: RankBatch, rows: np.ndarray) -> int:
+    """Real tokens of the batch's real rows where ``rows`` (bool, one per real row) is True."""
+    splits, real = batch.rows.segment_splits, batch.rows.sample_ids != PAD_SAMPLE_ID
+    return sum(int(batch.rows.seq_lens[splits[r]:splits[r + 1]][real[splits[r]:splits[r + 1]]].sum())
+               for r in np.flatnonzero(rows))
 
 
 class _EndCall(Exception):

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from packfeed.service import storage
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.pipeline.scaling import PackingScaling, check_packing, flags_set
 
 logger = logging.getLogger("packfeed")
 
@@ -55,17 +55,22 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
     stats.json. ``validate`` checks every row against the row convention; ``progress_seconds``:
     seconds between progress lines (no TTY); ``head_start``: the driver packs the first
     windows while an embedded Ray starts (head_start.py)."""
+    from packfeed.service.pipeline.startup import StartupClock
+
+    clock = StartupClock()  # first: every figure of the report counts from here
     from packfeed.service.data.plan import build_plan
     from packfeed.service.data.probe import check_inputs
     from packfeed.service.pipeline.head_start import HeadStart
     from packfeed.service.packed.location import kept_scan
     from packfeed.service.packed.writer import ParquetRowWriter, prepare_output
-    from packfeed.service.pipeline.startup import StartupClock
     from packfeed.service.tokenize.samples import load_tokenizer
 
-    clock = StartupClock()
     output = os.fspath(output)
     joined = _join_first(address, clock)
+    # the packing actors checked against the Ray joined, or the one that would start, before the
+    # head start decides whether it starts: the same flags fail the same way on any corpus
+    check_packing(scaling)
+    unused = flags_set(scaling) + (["--address local"] if address == "local" else [])
     # the scan manifest the output kept, used (and updated) in a copy: nothing is written to the
     # output before every check passed
     with kept_scan(output) as (scan_cache, publish_scan):
@@ -97,7 +102,7 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
             (plan, inputs, tokenizer, shipped), ray, head = _check_while_ray_starts(
                 check, address, clock, driver_packs if head_start else None)
         else:
-            (plan, inputs, tokenizer, shipped), ray = check(), RayTimes(time.perf_counter(), time.perf_counter(), joined)
+            (plan, inputs, tokenizer, shipped), ray = check(), joined
 
         def open_writer() -> ParquetRowWriter:
             writer = ParquetRowWriter(output, seq_len=config.seq_len, config_hash=config.config_hash(),
@@ -107,7 +112,7 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
 
         try:
             return _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray, head, output=output,
-                         validate=validate, progress_seconds=progress_seconds)
+                         validate=validate, progress_seconds=progress_seconds, unused=unused)
         finally:
             if head is not None:
                 head.abandon()  # a failed run: the driver packs and writes no more (a finished one: no-op)
@@ -126,9 +131,13 @@ def _import_pipeline() -> None:
 
 @dataclass(frozen=True)
 class RayTimes:
-    """When the run began (the checks and, beside them, Ray's start) and Ray was up
-    (``time.perf_counter``; None: no Ray started, the driver packs every window), and Ray's
-    start in seconds (a cluster joined before the plan: the join's; this process's own Ray: 0)."""
+    """When the run began (the command's start, ``StartupClock.began``: every figure of the
+    report counts from it, whichever Ray) and Ray was up (``time.perf_counter``; None: no Ray
+    started, the driver packs every window; this process's own Ray: up from the start), and
+    Ray's start in seconds (a cluster joined before the plan: the join's; this process's own Ray: 0).
+
+    Before, a joined cluster's (and this process's own Ray's) run counted from the end of
+    its checks: a Ray job's report said ``seconds 6.75`` with its first row at 9.22."""
 
     began: float
     up: float | None
@@ -158,8 +167,7 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
     if ray_initialised():  # this process's own Ray (tests, Ray jobs): no start to overlap
         result = check()
         logger.info(init_ray(address))
-        now = time.perf_counter()
-        return result, RayTimes(now, now, 0.0), None
+        return result, RayTimes(clock.began, clock.began, 0.0), None
     outcome: dict[str, Any] = {}
     checked = threading.Event()
 
@@ -175,7 +183,7 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
             outcome["head"].run()
 
     checking = threading.Thread(target=run, name="packfeed-checks", daemon=True)
-    began = time.perf_counter()
+    began = clock.began
     checking.start()
     if then is not None:  # the head start: Ray only when its packing actors would help
         checked.wait()
@@ -207,9 +215,9 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
     return outcome["result"], RayTimes(began, up, up - ray_began), outcome["head"]
 
 
-def _join_first(address: str | None, clock) -> float | None:
-    """Join a cluster before planning (``joins_a_cluster``: the scan runs on its nodes); the
-    seconds it took, None when an embedded Ray starts while the checks run."""
+def _join_first(address: str | None, clock) -> RayTimes | None:
+    """Join a cluster before planning (``joins_a_cluster``: the scan runs on its nodes): when
+    it was up and the seconds it took; None when an embedded Ray starts while the checks run."""
     from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster
 
     if not joins_a_cluster(address):
@@ -217,11 +225,12 @@ def _join_first(address: str | None, clock) -> float | None:
     start = time.perf_counter()
     logger.info(init_ray(address))
     clock.mark("ray_start")
-    return time.perf_counter() - start
+    up = time.perf_counter()
+    return RayTimes(clock.began, up, up - start)
 
 
 def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: RayTimes, head, *, output, validate,
-          progress_seconds) -> dict[str, Any]:
+          progress_seconds, unused: list[str] = ()) -> dict[str, Any]:
     from packfeed.service.pipeline.part_sink import PartSink, RowLedger, part_name
     from packfeed.service.pipeline.head_start import DriverWindow
     from packfeed.service.pipeline.scaling import place_packing
@@ -229,7 +238,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     from packfeed.service.pipeline.stats import fold_window, format_summary, new_run_stats, run_failure
     from packfeed.service.progress import Progress
 
-    start, ray_init_seconds = ray.began, ray.seconds  # the run's time counts from the checks' start
+    start, ray_init_seconds = clock.began, ray.seconds  # every figure counts from the command's start
     sink, start_window = None, 0  # the driver packs windows 0 .. start_window - 1
     if ray.up is None:  # no Ray started (head start): the driver packs every window
         start_window = plan.num_windows
@@ -268,6 +277,9 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
                 f"{plan.window_samples:,}", _packers(num_workers, head is not None, start_window, plan.num_windows,
                                                      ray.up is not None),
                 storage.display(writer.out_dir))
+    if pipeline is None and unused:  # checked to fit (check_packing), then not needed
+        logger.info("%s unused: the driver packed every window, sooner than %s would have started", ", ".join(unused),
+                    "packing actors" if ray.up is not None else "Ray and packing actors")
     progress = Progress("packfeed pack", plan.samples_per_epoch * plan.epochs, seq_len=config.seq_len,
                         interval_s=progress_seconds)
     rows_written = tokens = samples_started = actors_first_tokens = driver_windows = 0
@@ -303,7 +315,6 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
                 first_row_at, first_row_wall = time.perf_counter(), time.time()
                 if by_driver:  # written by the driver's thread before this one saw it
                     first_row_at -= max(0.0, first_row_wall - out.written_at)
-                    first_row_wall = min(first_row_wall, out.written_at)
             progress.update(samples=samples_started + (pipeline.samples_started if pipeline else 0),
                             rows=rows_written, tokens=tokens)
     except BaseException:
@@ -322,7 +333,7 @@ def _pack(config, plan, scaling, open_writer, tokenizer, shipped, clock, ray: Ra
     total.check_accounting()
     total.check_complete(plan.num_windows, plan.epochs)
     stats = total.to_dict(seq_len=config.seq_len, seconds=end - start)
-    startup = clock.phases(first_actor, first_row_wall or time.time(),
+    startup = clock.phases(first_actor, clock.wall(first_row_at or end),  # on the clock of ``seconds``
                            last="first_window_write_s" if first_by_driver else "actors_and_first_window_s")
     stats["first_row_seconds"] = round(sum(startup.values()), 3)
     stats["ray_to_first_row_seconds"] = None if ray.up is None else round((first_row_at or end) - ray.up, 3)

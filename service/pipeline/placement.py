@@ -16,7 +16,10 @@ waiting forever.
 
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
+import os
 from typing import Any, Mapping, Sequence
 
 ROLE_LABEL = "packfeed/role"
@@ -109,3 +112,74 @@ def node_resources() -> list[dict[str, Any]]:
          "labels": dict(n.get("Labels", {}) or {})}
         for n in ray.nodes() if n.get("Alive")
     ]  # fmt: skip
+
+
+# Resources Ray measures as it starts a node (no packfeed request names them): an embedded Ray's
+# node before it starts holds only its CPUs and what $RAY_OVERRIDE_RESOURCES sets.
+MEASURED_BY_RAY = ("memory", "object_store_memory", "node:", "accelerator_type:")
+
+
+def embedded_node() -> dict[str, Any]:
+    """The node an embedded Ray would start on this machine, as ``node_resources()`` would list
+    it, read without Ray (a run may start none): its CPUs as Ray counts them (``ray_cpus``),
+    and the resources and labels $RAY_OVERRIDE_RESOURCES and $RAY_OVERRIDE_LABELS give it (JSON,
+    as Ray reads them). What Ray measures as it starts (``MEASURED_BY_RAY``, GPUs) is not in it."""
+    resources = {k: float(v) for k, v in _json_env("RAY_OVERRIDE_RESOURCES").items()}
+    resources.setdefault("CPU", float(ray_cpus()))
+    labels = {str(k): str(v) for k, v in _json_env("RAY_OVERRIDE_LABELS").items()}
+    return {"id": "embedded", "address": "127.0.0.1", "resources": resources, "labels": labels}
+
+
+def ray_cpus(quota_files: tuple[str, str] = ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+             cpu_max_file: str = "/sys/fs/cgroup/cpu.max", cpuset_file: str = "/sys/fs/cgroup/cpuset/cpuset.cpus") -> int:
+    """This machine's CPUs as Ray 2.x counts them for a node it starts (``ray._private.utils.
+    get_num_cpus``, without importing Ray: 0.9 s): ``multiprocessing.cpu_count()``, or, in a
+    container, the smaller of its CPU quota (cgroup v1's cfs quota / period, else v2's cpu.max;
+    a quota of 0 counts 1) and its cpuset (cgroup v1), truncated; $RAY_USE_MULTIPROCESSING_CPU_COUNT
+    skips the container's limits. Not the CPUs this process may run on (``sched_getaffinity``):
+    Ray does not read them."""
+    count = multiprocessing.cpu_count()
+    if os.environ.get("RAY_USE_MULTIPROCESSING_CPU_COUNT"):
+        return count
+    quota = None
+    try:
+        if all(os.path.exists(f) for f in quota_files):
+            with open(quota_files[0]) as q, open(quota_files[1]) as period:
+                quota = float(q.read()) / float(period.read())
+        elif os.path.exists(cpu_max_file):
+            with open(cpu_max_file) as f:
+                limit, period = f.read().split()
+            quota = float(limit) / float(period) if limit.isnumeric() and period.isnumeric() else None
+    except (OSError, ValueError):  # Ray logs it and counts without the quota
+        quota = None
+    if quota is not None and quota < 0:
+        quota = None
+    elif quota == 0:
+        quota = 1.0
+    cpuset = None
+    try:
+        if os.path.exists(cpuset_file):
+            with open(cpuset_file) as f:
+                ids = 0
+                for part in f.read().strip().split(","):
+                    start, _, end = part.partition("-")
+                    ids += int(end) - int(start) + 1 if end else (1 if start else 0)
+                cpuset = ids
+    except (OSError, ValueError):
+        cpuset = None
+    limit = min(quota, cpuset) if quota and cpuset else quota or cpuset
+    return int(limit) if limit else count
+
+
+def _json_env(name: str) -> dict:
+    text = os.environ.get(name)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"${name} must be a JSON object (Ray reads it as one), got {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"${name} must be a JSON object (Ray reads it as one), got {text!r}")
+    return value
+

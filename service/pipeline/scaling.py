@@ -9,6 +9,15 @@ Every value is checked by one rule per field, and the message names what the use
 ``labels`` None means the role default (``packfeed/role=packer`` on a cluster whose nodes carry
 roles, no selector otherwise, see placement.py); ``placed(nodes)`` resolves it. Standard
 library only: the config is read, and checked, before Ray is imported.
+
+Whether the actors fit is a property of the flags and the Ray, never of the corpus:
+``check_packing`` refuses, before anything starts, actors that could never all be placed, on
+the Ray the run has joined or on the embedded Ray it would start (placement.embedded_node: this
+machine's CPUs as Ray counts them), whether or not the driver's head start then starts that Ray
+(pipeline/head_start.py). ``--cpus-per-worker 64`` on 2 CPUs used to pass on the bundled corpus
+(the driver packed it, no Ray started) and fail on a corpus large enough to start Ray. The count
+checked is the one asked for, not the fewer actors a run of few windows starts (``num_actors``):
+``--num-workers 4`` on 2 CPUs is refused for 1 window as for 100, as ``packfeed train`` refuses it.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ TABLE_KEYS = {
 }
 # how a message names the selector and the resources, whether a flag or a key gave them
 LABELS_NAME, RESOURCES_NAME = "packer labels", "packer resources"
+# PackingScaling field -> the flag of pack and serve that sets it
+FLAGS = {"num_workers": "--num-workers", "cpus_per_worker": "--cpus-per-worker", "max_workers": "--max-workers",
+         "labels": "--packer-label", "resources": "--packer-resource"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,27 +95,63 @@ class PackingScaling:
         return dataclasses.replace(self, labels=placement.resolve(self.labels, placement.PACKER_DEFAULT, nodes))
 
     def num_actors(self, num_windows: int, nodes: Sequence[Mapping[str, Any]] | None = None) -> int:
-        """Packing actors to start: the request, or one per CPU of the nodes packing may use
-        (``nodes``, read from Ray when None); never more than the windows to pack."""
+        """Packing actors to start: ``wanted_actors``, never more than the windows to pack."""
+        return max(1, min(self.wanted_actors(nodes), num_windows))
+
+    def wanted_actors(self, nodes: Sequence[Mapping[str, Any]] | None = None) -> int:
+        """The actors asked for: ``num_workers``, or one per CPU of the nodes packing may use
+        (``nodes``, read from Ray when None), at least one."""
         if self.num_workers is not None:
-            wanted = self.num_workers
+            return self.num_workers
+        nodes = placement.node_resources() if nodes is None else nodes
+        selector = self.placed(nodes).labels
+        cpus = sum(float(n["resources"].get("CPU", 0)) for n in nodes if placement.label_matches(n["labels"], selector))
+        return max(1, int(cpus // self.cpus_per_worker))
+
+
+def flags_set(scaling: PackingScaling) -> list[str]:
+    """The settings of ``scaling`` other than the defaults, as the flags that give them (for a
+    line saying they went unused): ["--num-workers 4", "--packer-label zone=a"]."""
+    out = []
+    for f in dataclasses.fields(scaling):
+        value = getattr(scaling, f.name)
+        if value == (f.default_factory() if f.default is dataclasses.MISSING else f.default):
+            continue
+        if isinstance(value, Mapping):
+            out += [f"{FLAGS[f.name]} {k}={v:g}" if isinstance(v, float) else f"{FLAGS[f.name]} {k}={v}"
+                    for k, v in value.items()] or [f"{FLAGS[f.name]} (none)"]
         else:
-            nodes = placement.node_resources() if nodes is None else nodes
-            selector = self.placed(nodes).labels
-            cpus = sum(float(n["resources"].get("CPU", 0)) for n in nodes
-                       if placement.label_matches(n["labels"], selector))
-            wanted = max(1, int(cpus // self.cpus_per_worker))
-        return max(1, min(wanted, num_windows))
+            out.append(f"{FLAGS[f.name]} {value:g}" if isinstance(value, float) else f"{FLAGS[f.name]} {value}")
+    return out
 
 
-def place_packing(scaling: PackingScaling, *, num_windows: int) -> PackingScaling:
+def place_packing(scaling: PackingScaling, *, num_windows: int | None = None) -> PackingScaling:
     """After Ray started: ``scaling`` with its selector resolved against the nodes, checked to
-    fit (a request no node can satisfy fails here, with the numbers, instead of waiting forever)."""
+    fit (a request no node can satisfy fails here, with the numbers, instead of waiting forever:
+    ``check_packing``; ``num_windows`` does not change what fits)."""
     nodes = placement.node_resources()
+    check_packing(scaling, nodes)
+    return scaling.placed(nodes)
+
+
+def check_packing(scaling: PackingScaling, nodes: Sequence[Mapping[str, Any]] | None = None) -> None:
+    """ValueError, with the numbers, when the actors ``scaling`` asks for (``wanted_actors``,
+    whatever the windows) could never all be placed on ``nodes``: by default the Ray this
+    process has (joined, or its own), else the embedded Ray it would start
+    (``placement.embedded_node()``, read without Ray). Before anything starts, so that the same
+    flags fail the same way (one line, exit 2) whether or not a Ray is started after all. On
+    the embedded node a resource Ray measures as it starts (``placement.MEASURED_BY_RAY``) is
+    left to the check once it is up."""
+    embedded = False
+    if nodes is None:
+        from packfeed.service.pipeline.raycluster import ray_initialised
+
+        embedded = not ray_initialised()
+        nodes = [placement.embedded_node()] if embedded else placement.node_resources()
     placed = scaling.placed(nodes)
-    request = {"CPU": placed.cpus_per_worker, **placed.resources}
-    placement.check_fits("packing actors", request, placed.num_actors(num_windows, nodes), placed.labels, nodes)
-    return placed
+    request = {"CPU": placed.cpus_per_worker, **{k: v for k, v in placed.resources.items()
+                                                 if not (embedded and k.startswith(placement.MEASURED_BY_RAY))}}
+    placement.check_fits("packing actors", request, placed.wanted_actors(nodes), placed.labels, nodes)
 
 
 def _checked(f: str, name: str, value: Any) -> Any:
@@ -118,7 +166,11 @@ def _checked(f: str, name: str, value: Any) -> Any:
         return float(value)
     if f == "labels":
         return None if value is None else placement.check_selector(name, value)
-    return placement.check_resources(name, value)
+    resources = placement.check_resources(name, value)
+    for own in ("CPU", "GPU") & resources.keys():  # Ray refuses them in an actor's custom resources
+        raise ValueError(f"{name}: {own} is not a custom resource; packing actors ask for CPUs by "
+                         "--cpus-per-worker ([scaling] packing_cpus_per_worker) and take no GPU")
+    return resources
 
 
 def _check_pool(num_workers: int | None, max_workers: int | None, num_name: str, max_name: str) -> None:

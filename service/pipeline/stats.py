@@ -255,19 +255,10 @@ class RunStats:
         total = self.source_total(index)
         d = {"name": self.names[index], "planned_samples_per_epoch": self.planned[index], **total.to_dict()}
         d["usable"] = total.samples_read - total.skipped_total
-        epochs = []
-        for e in sorted(self.by_epoch):
-            c = self.by_epoch[e].get(index, Counts())
-            all_packed = sum(x.samples_packed for x in self.by_epoch[e].values())
-            all_tokens = sum(x.tokens for x in self.by_epoch[e].values())
-            epochs.append({
-                "epoch": e + 1, "samples_read": c.samples_read, "samples_packed": c.samples_packed,
-                "skipped": c.skipped_total, "dropped": c.dropped, "tokens": c.tokens,
-                "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
-                "share_tokens": c.tokens / all_tokens if all_tokens else 0.0,
-            })  # fmt: skip
-        planned_total = sum(self.planned)
-        d["planned_share"] = self.planned[index] / planned_total if planned_total else 0.0
+        epochs = [_share_entry({"epoch": e + 1}, self.by_epoch[e], index) for e in sorted(self.by_epoch)]
+        # the plan's share: the config's weights, or under a schedule the run's (its stages' mix)
+        planned = self.planned if self.planned_run is None else self.planned_run
+        d["planned_share"] = planned[index] / sum(planned) if sum(planned) else 0.0
         packed = sum(self.source_total(i).samples_packed for i in range(len(self.names)))
         tokens = sum(self.source_total(i).tokens for i in range(len(self.names)))
         d["realised_share"] = total.samples_packed / packed if packed else 0.0  # of the samples packed
@@ -357,7 +348,9 @@ def format_sources(sources: list[dict[str, Any]]) -> str:
     apart (the bundled stories, long texts: 20% of the samples, 43% of the tokens); the planned
     share is in samples. With several epochs, each source's total (epoch ``all``) is followed by
     a line per epoch, numbered from 1, and with a mixture schedule by a line per stage
-    (``stage 0``: the config's weights; ``stage i``: from schedule entry i on)."""
+    (``stage 0``: the config's weights; ``stage i``: from schedule entry i on). An epoch's or a
+    stage's line has its own planned share: what the weights in force there gave it (a paused
+    source: 0%); the ``all`` line, the run's (under a schedule, its stages together)."""
     per_epoch = any(len(s["epochs"]) > 1 for s in sources)
     several = per_epoch or any(s.get("stages") for s in sources)
     all_tokens = sum(s["tokens"] for s in sources)
@@ -369,17 +362,27 @@ def format_sources(sources: list[dict[str, Any]]) -> str:
         rows.append(_source_line(s["name"], "all", s, s["skipped_total"], s["planned_share"], s["realised_share"],
                                  token_share))
         for e in s["epochs"] if per_epoch else ():
-            rows.append(_source_line(s["name"], str(e["epoch"]), e, e["skipped"], s["planned_share"],
+            rows.append(_source_line(s["name"], str(e["epoch"]), e, e["skipped"], _planned(e, sources, "epochs", "epoch"),
                                      e["share_samples"], e["share_tokens"]))
         for st in s.get("stages", ()):
-            rows.append(_source_line(s["name"], f"stage {st['stage']}", st, st["skipped"], s["planned_share"],
-                                     st["share_samples"], st["share_tokens"]))
+            rows.append(_source_line(s["name"], f"stage {st['stage']}", st, st["skipped"],
+                                     _planned(st, sources, "stages", "stage"), st["share_samples"], st["share_tokens"]))
     left = 2 if several else 1  # names (and epochs) to the left, numbers to the right
     if not several:
         rows = [r[:1] + r[2:] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+def _planned(entry: dict[str, Any], sources: list[dict[str, Any]], scope: str, key: str) -> float:
+    """The planned share of one epoch's or stage's line: its own (``_share_entry``), or for a
+    stats.json written before it had one, the source's share of the samples read there (all
+    sources' lines of that epoch or stage)."""
+    if "planned_share" in entry:
+        return entry["planned_share"]
+    read = sum(other["samples_read"] for s in sources for other in s.get(scope) or () if other[key] == entry[key])
+    return entry["samples_read"] / read if read else 0.0
 
 
 def _source_line(name: str, epoch: str, c: dict[str, Any], skipped: int, planned: float, samples: float,
@@ -391,8 +394,15 @@ def _source_line(name: str, epoch: str, c: dict[str, Any], skipped: int, planned
 
 def upgrade_stats(stats: dict[str, Any]) -> dict[str, Any]:
     """A stats.json as this packfeed writes it: one written before epochs were numbered from 1
-    has a first epoch 0 (no epoch is 0 now), and gets every epoch renumbered."""
+    has a first epoch 0 (no epoch is 0 now), and gets every epoch renumbered; one of a schedule
+    written before its stage lines had their own planned share gave every source the config's
+    share over the run too, and gets the run's (its share of the samples read: every planned
+    sample is read once). Its epoch and stage lines are the formatter's (``_planned``)."""
     sources = stats.get("sources") or []
+    if any(s.get("stages") and "planned_share" not in s["stages"][0] for s in sources):
+        read = sum(s["samples_read"] for s in sources)
+        sources = [{**s, "planned_share": s["samples_read"] / read if read else 0.0} for s in sources]
+        stats = {**stats, "sources": sources}
     if not any(s.get("epochs") and s["epochs"][0].get("epoch") == 0 for s in sources):
         return stats
     renumbered = [{**s, "epochs": [{**e, "epoch": e["epoch"] + 1} for e in s["epochs"]]} for s in sources]
@@ -416,12 +426,20 @@ def run_failure(stats: dict, max_skip_fraction: float | None) -> str | None:
 
 def _share_entry(head: dict[str, Any], sources: dict[int, Counts], index: int) -> dict[str, Any]:
     """``head`` with source ``index``'s samples read and packed and tokens in ``sources`` (one
-    epoch's or stage's counts), and its share of the samples packed and of the tokens there."""
+    epoch's or stage's counts), its planned share there, and its share of the samples packed
+    and of the tokens there.
+
+    The planned share is its share of the samples read there: every planned sample is read
+    once (``check_complete``), and a window holds each source's share of the weights in force
+    to within a sample, so a stage whose schedule entry says 0 / 1 / 3 reads 0 / 25 / 75% (not
+    the config's weights: ``packfeed inspect`` showed 33.33% on every stage line)."""
     c = sources.get(index, Counts())
+    all_read = sum(x.samples_read for x in sources.values())
     all_packed = sum(x.samples_packed for x in sources.values())
     all_tokens = sum(x.tokens for x in sources.values())
     return {**head, "samples_read": c.samples_read, "samples_packed": c.samples_packed, "skipped": c.skipped_total,
-            "dropped": c.dropped, "tokens": c.tokens, "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
+            "dropped": c.dropped, "tokens": c.tokens, "planned_share": c.samples_read / all_read if all_read else 0.0,
+            "share_samples": c.samples_packed / all_packed if all_packed else 0.0,
             "share_tokens": c.tokens / all_tokens if all_tokens else 0.0}
 
 

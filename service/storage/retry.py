@@ -46,7 +46,13 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Iterator, TypeVar
 
-from packfeed.service.storage.errors import UNREACHABLE, StorageError, classify, problem
+from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, UNREACHABLE, StorageError, classify, problem
+
+# A request answered "no such object" (or bucket) got its answer: not a failure. Most are asked
+# on purpose: whether an output holds a kept scan, a files.json, a config.json (a clean pack to
+# S3 made 4 such HEADs, and its report said "1 failed", alarming a user whose run was clean).
+# The caller decides whether it is an error (then the command fails, saying which object).
+ANSWERS = frozenset({NOT_FOUND, NO_BUCKET})
 
 T = TypeVar("T")
 
@@ -90,7 +96,9 @@ def set_policy(policy: RetryPolicy) -> RetryPolicy:
 @dataclass(frozen=True)
 class StorageCounts:
     """Requests to remote stores (attempts, each retry one more), retries among them, requests
-    given up on, and body bytes moved. Local files are not counted."""
+    that failed (given up on: retries spent, denied, an error that is no answer; an object or
+    bucket that does not exist is an answer, ``ANSWERS``), and body bytes moved. Local files
+    are not counted."""
 
     requests: int = 0
     retries: int = 0
@@ -156,7 +164,8 @@ def call(shown_uri: str, what: str, fn: Callable[[], T], *, scheme: str, remote:
     """``fn()`` (one request on ``shown_uri``, a ``display``-ed URI) under the process's policy.
 
     A transient failure is retried; any failure that ends the call raises ``StorageError``,
-    one line naming the URI. ``what`` names the request in that line ("read", "list").
+    one line naming the URI, and counts as failed unless the store answered that the object
+    or bucket does not exist (``ANSWERS``). ``what`` names the request in that line ("read", "list").
     A local call (``remote=False``) is tried once and not counted."""
     policy = _policy
     attempt = 0
@@ -170,7 +179,7 @@ def call(shown_uri: str, what: str, fn: Callable[[], T], *, scheme: str, remote:
             failure = classify(exc)
             limit = policy.num_connect_attempts if failure.kind == UNREACHABLE else policy.num_attempts
             if not (remote and failure.transient and attempt < limit):
-                if remote:
+                if remote and failure.kind not in ANSWERS:
                     COUNTERS.add(failures=1)
                 raise StorageError(shown_uri, problem(failure, what=what, scheme=scheme, num_attempts=attempt),
                                    kind=failure.kind) from None

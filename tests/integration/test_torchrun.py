@@ -119,7 +119,7 @@ def ray_run(config, tmp_path_factory) -> Path:
     return output
 
 
-def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, ray_run, tmp_path):
+def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, packed, ray_run, tmp_path):
     output = tmp_path / "run"
     run = Torchrun(config, output)
     code, out = run.ended()
@@ -131,7 +131,14 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, r
     assert all(float((a[k] - b[k]).abs().max()) < 1e-5 for k in a)
     assert (output / "final" / "tokenizer.json").exists()
     assert not {"raylet", "gcs_server"} & run.names, f"the torchrun job started Ray: {sorted(run.names)}"
-    assert json.loads((output / "summary.json").read_text())["launcher"] == "torchrun"
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["launcher"] == "torchrun"
+    # both launchers report the packed directory's own packing (it used to read "0.0% (0 rows packed)")
+    packed_stats = json.loads((packed / ".packfeed" / "stats.json").read_text())
+    for run_summary in (summary, json.loads((ray_run / "summary.json").read_text())):
+        assert run_summary["packing"]["from"] == "packed output"
+        assert (run_summary["packing"]["rows"], run_summary["packing"]["efficiency"]) == \
+            (packed_stats["rows"], packed_stats["efficiency"]) and packed_stats["rows"] > 0
 
 
 def test_torchrun_from_a_server_trains_what_ray_train_trains(config, packed, ray_run, tmp_path):
