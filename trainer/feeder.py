@@ -54,7 +54,7 @@ from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused
 from packfeed.service.delivery.row_stream import open_stream
 from packfeed.service.delivery.steps import rank_batch
-from packfeed.service.pipeline.raycluster import quiet_ray
+from packfeed.service.pipeline.ray_noise import quiet_ray
 from packfeed.service.tokenize.samples import SampleTokenizer
 from packfeed.trainer.checkpoint import MANIFEST_FILE
 from packfeed.trainer.run_dir import path

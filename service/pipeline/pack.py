@@ -95,7 +95,7 @@ def run_pack(config: DataConfig, output: str | Path, *, scaling: PackingScaling 
 
         def driver_packs(checked: tuple) -> HeadStart:
             plan, _, _, shipped = checked
-            return HeadStart(config, plan, shipped, output=output, validate=validate, clock=clock)
+            return HeadStart(config, plan, shipped, output=output, validate=validate, clock=clock, scaling=scaling)
 
         head = None
         if joined is None:
@@ -197,7 +197,7 @@ def _check_while_ray_starts(check: Callable[[], Any], address: str | None, clock
             return outcome["result"], RayTimes(began, None, 0.0), head
     ray_began = time.perf_counter()
     try:
-        line = init_ray(address)
+        line = init_ray(address, quiet_driver_stderr=True)
     except Exception:
         checked.wait()
         if outcome.get("head") is not None:
@@ -223,7 +223,7 @@ def _join_first(address: str | None, clock) -> RayTimes | None:
     if not joins_a_cluster(address):
         return None
     start = time.perf_counter()
-    logger.info(init_ray(address))
+    logger.info(init_ray(address, quiet_driver_stderr=True))
     clock.mark("ray_start")
     up = time.perf_counter()
     return RayTimes(clock.began, up, up - start)

@@ -18,18 +18,21 @@ go. None of them can come true here:
   ``PreemptionWatcher``'s arguments are actor handles, which the GCS keeps.
 * The GCS's kill of an actor whose process is gone "fails" with nothing left to do.
 
-Both come out of Ray's C++ logging: the driver's own core worker writes straight to file
-descriptor 2, and the other processes' lines reach it through Ray's log forwarding. So the
-filter sits on the descriptor: while this command's Ray is up, fd 2 is a pipe and a thread
-copies every line to the real stderr except those above (matched on their whole message, so
-any other line of the same files still shows). ``init_ray`` installs it once its Ray is up
-(the processes ``ray.init`` started keep the real stderr), ``shutdown_ray`` takes it away
-after the shutdown; a traceback that ends the command is printed after that, on the real
-stderr.
+Both come out of Ray's C++ logging, by two roads. The other processes' lines reach the driver
+through Ray's log forwarding, printed by its log thread: ``filter_forwarded_lines`` drops them
+there, in Python, at no cost to any other line. The driver's own core worker writes straight to
+file descriptor 2, which only a filter on the descriptor reaches: ``StderrFilter`` (fd 2 a pipe,
+a thread copying every line but those above to the real stderr). That one is used by ``packfeed
+pack`` alone (its driver runs the packing actors' pool; matched on the whole message, so any
+other line of the same files still shows): a copy through a thread of the busy process lags
+behind under load, and a SIGKILL loses what the pipe holds, which a server's log (read by its
+operator and its tests while it runs) must not. ``packfeed serve`` of raw inputs, whose driver
+runs the pool too, still shows Ray's line once at its start.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import select
@@ -100,6 +103,23 @@ class StderrFilter:
 
 
 _active: StderrFilter | None = None
+_HANDLER = "ray_print_logs"  # the name Ray gives its log thread's printer (ray._private.worker)
+
+
+def filter_forwarded_lines() -> None:
+    """Drop the noise from the lines Ray forwards to this driver (its log thread's printer is
+    wrapped once; a no-op where Ray prints no worker output here, ``log_to_driver=False``)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    with dispatcher._lock:
+        for i, (name, handle) in enumerate(dispatcher.handlers):
+            if name == _HANDLER and not getattr(handle, "_packfeed_quiet", False):
+                def quiet(data, handle=handle):
+                    lines = [line for line in data.get("lines", ()) if not is_noise(line.encode(errors="replace"))]
+                    if lines:
+                        handle({**data, "lines": lines})
+                quiet._packfeed_quiet = True
+                dispatcher.handlers[i] = (name, quiet)
 
 
 def filter_ray_noise() -> None:
@@ -114,3 +134,23 @@ def stop_filtering() -> None:
     if _active is not None:
         _active, active = None, _active
         active.stop()
+
+
+def quiet_ray(*, after_init: bool = False, driver_stderr: bool = False) -> None:
+    """Ray's loggers that print on every run: keep their warnings about real problems only.
+    ``after_init`` (Ray is up): the lines above off the forwarded output, and with
+    ``driver_stderr`` off this process's fd 2 too (the module docstring says why pack only)."""
+    for name, level in (
+        ("ray.data._internal.execution.streaming_executor", logging.WARNING),  # "Starting execution ..."
+        ("ray.data._internal.progress", logging.ERROR),  # "Progress bars disabled ..."
+        ("ray._private.authentication", logging.ERROR),  # "Token authentication is enabled ..."
+        # "An exception was raised from a task of operator ..." and its traceback: the command
+        # reports the task's error itself (one line for a user error, errors.py)
+        ("ray.data._internal.execution.streaming_executor_state", logging.CRITICAL),
+        ("ray.data.exceptions", logging.CRITICAL),  # its "Full stack trace:" of the same error
+    ):
+        logging.getLogger(name).setLevel(level)
+    if after_init:
+        filter_forwarded_lines()
+        if driver_stderr:
+            filter_ray_noise()

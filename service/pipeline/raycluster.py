@@ -7,7 +7,7 @@
   so a wrong address is one clear line, not a minute of retries) or starts an embedded Ray.
   ``$PACKFEED_AUTH_TOKEN`` is removed from the environment first: Ray's worker processes inherit
   the driver's environment, and the serve token must not travel with them.
-* ``quiet_ray()`` turns down what Ray prints on every run that says nothing to a packfeed user
+* ``quiet_ray()`` (ray_noise.py) turns down what Ray prints on every run that says nothing to a packfeed user
   (Ray Data's execution plan lines and its progress-bar notice); ray_noise.py keeps Ray's
   error lines that are untrue of a packfeed run off stderr.
 * Shutdown in order. ``ray.init`` makes SIGTERM call ``sys.exit`` and leaves the teardown to
@@ -46,7 +46,7 @@ import time
 from typing import Iterator
 
 from packfeed.client.transport import TOKEN_ENV
-from packfeed.service.pipeline.ray_noise import filter_ray_noise, stop_filtering
+from packfeed.service.pipeline.ray_noise import quiet_ray, stop_filtering
 
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
 # What a packing actor imports, imported by every worker of an embedded Ray as it starts (Ray's
@@ -243,19 +243,6 @@ def prepare_ray_env() -> None:
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 
-def quiet_ray() -> None:
-    """Ray loggers that print on every run: keep their warnings about real problems only."""
-    for name, level in (
-        ("ray.data._internal.execution.streaming_executor", logging.WARNING),  # "Starting execution ..."
-        ("ray.data._internal.progress", logging.ERROR),  # "Progress bars disabled ..."
-        ("ray._private.authentication", logging.ERROR),  # "Token authentication is enabled ..."
-        # "An exception was raised from a task of operator ..." and its traceback: the command
-        # reports the task's error itself (one line for a user error, errors.py)
-        ("ray.data._internal.execution.streaming_executor_state", logging.CRITICAL),
-    ):
-        logging.getLogger(name).setLevel(level)
-
-
 def joins_a_cluster(address: str | None) -> bool:
     """``init_ray(address)`` would join a running cluster (not start an embedded Ray, not reuse
     this process's). A command then joins before it plans: the scan runs as Ray tasks on the
@@ -266,7 +253,8 @@ def joins_a_cluster(address: str | None) -> bool:
     return bool(address) and address != "local" and not ray_initialised()
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False) -> str:
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboard: bool = False,
+             quiet_driver_stderr: bool = False) -> str:
     """Join ``address`` (or ``$RAY_ADDRESS``), else start an embedded single-node Ray.
 
     Does nothing when Ray is already initialised (tests, Ray jobs). ``address="local"`` always
@@ -286,11 +274,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
     if address and address not in ("local", "auto"):
         check_reachable(address)
         _ray_init(previous, address=address, logging_level=logging.WARNING)
-        filter_ray_noise()
+        quiet_ray(after_init=True, driver_stderr=quiet_driver_stderr)
         return f"Ray: joined the cluster at {address} ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     if address == "auto":
         _ray_init(previous, address="auto", logging_level=logging.WARNING)
-        filter_ray_noise()
+        quiet_ray(after_init=True, driver_stderr=quiet_driver_stderr)
         return f"Ray: joined the local cluster ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
     extra = {}
     if dashboard:
@@ -312,7 +300,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
             _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)},
             **extra,
         )
-    filter_ray_noise()
+    quiet_ray(after_init=True, driver_stderr=quiet_driver_stderr)
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
 
 

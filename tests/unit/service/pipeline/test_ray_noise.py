@@ -72,3 +72,22 @@ def test_a_child_that_keeps_the_pipe_open_does_not_hold_the_stop(capfd):
     child.wait(10)
     time.sleep(0.3)
     assert capfd.readouterr().err.encode() == KEPT[0]
+
+
+def test_forwarded_lines_lose_the_noise_in_ray_s_own_printer():
+    """Lines of other processes reach the driver through Ray's log thread, whose printer is
+    the dispatcher's ``ray_print_logs`` handler: wrapped once, it gets every batch but the
+    noise, and no batch at all when nothing else is left."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    printed: list[dict] = []
+    dispatcher.add_handler("ray_print_logs", printed.append)
+    try:
+        ray_noise.filter_forwarded_lines()
+        ray_noise.filter_forwarded_lines()  # once only: not wrapped twice
+        kept = [line.decode().rstrip("\n") for line in KEPT]
+        dispatcher.emit({"pid": 7, "is_err": True, "lines": [kept[0], CONSTRUCTOR.decode().rstrip(), kept[1]]})
+        dispatcher.emit({"pid": 8, "is_err": True, "lines": [KILL.decode().rstrip()]})
+        assert printed == [{"pid": 7, "is_err": True, "lines": kept[:2]}]
+    finally:
+        dispatcher.remove_handler("ray_print_logs")
