@@ -237,13 +237,14 @@ def test_train_fails_as_pack_does_when_more_samples_are_skipped_than_allowed(ray
     """--max-skip-fraction was accepted by train and never applied: a mostly bad input trained, exit 0."""
     from packfeed.trainer.run import train
 
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("{oops\n" * 100)  # 100 malformed rows next to 300 good ones: 25% skipped
-    data = DataConfig.from_inputs((*small_corpus, str(bad)), tokenizer=demo_tokenizer_path(), seq_len=256,
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text("".join(open(small_corpus[0]).readlines()[:30]))
+    bad.write_text("{oops\n" * 10)  # 10 malformed rows next to 30 good ones: 25% skipped (a few steps of data)
+    data = DataConfig.from_inputs((str(good), str(bad)), tokenizer=demo_tokenizer_path(), seq_len=256,
                                   window_samples=64, max_skip_fraction=0.1)
     run = dataclasses.replace(run_config, data=data, train=dataclasses.replace(
         run_config.train, max_steps=200, checkpoint_every=0, record_rows=False))  # to the end of the data: every window read
-    with pytest.raises(ValueError, match=r"100 of 400 samples were skipped \(25.0%\), more than --max-skip-fraction 0.1"):
+    with pytest.raises(ValueError, match=r"10 of 40 samples were skipped \(25.0%\), more than --max-skip-fraction 0.1"):
         train(run, output=tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "more than --max-skip-fraction" in summary["failed"] and "stopped_early" in summary
