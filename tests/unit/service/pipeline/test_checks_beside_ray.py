@@ -24,7 +24,7 @@ def test_the_checks_run_beside_rays_start(monkeypatch, check_fails, ray_fails, e
     monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
     monkeypatch.setattr(raycluster, "shutdown_ray", lambda: events.append("shutdown"))
 
-    def fake_init(address):
+    def fake_init(address, **_):
         overlapped.wait(5)  # returns only once the check has begun: they overlap
         time.sleep(0.05)
         if ray_fails:
@@ -76,7 +76,7 @@ def test_the_head_start_goes_on_in_the_checks_thread_and_is_abandoned_when_ray_f
     monkeypatch.setattr(raycluster, "shutdown_ray", lambda: None)
     heads, made = [], threading.Event()
 
-    def fake_init(address):
+    def fake_init(address, **_):
         assert made.wait(5) and heads[0].ran.wait(5), "the head start runs while Ray is starting"
         if ray_fails:
             raise ConnectionError("no Ray")
@@ -104,7 +104,7 @@ def test_with_a_head_start_ray_starts_after_the_checks_only_if_wanted(monkeypatc
     monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
     events = []
 
-    def fake_init(address):
+    def fake_init(address, **_):
         events.append("ray start")
         return "Ray: started"
 
@@ -126,7 +126,7 @@ def test_with_a_head_start_ray_starts_after_the_checks_only_if_wanted(monkeypatc
 
 def test_with_a_head_start_a_refused_command_starts_no_ray(monkeypatch):
     monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)
-    monkeypatch.setattr(raycluster, "init_ray", lambda address: pytest.fail("no Ray for a refused command"))
+    monkeypatch.setattr(raycluster, "init_ray", lambda address, **_: pytest.fail("no Ray for a refused command"))
 
     def check():
         raise ValueError("source 'chat': row 0: bad")

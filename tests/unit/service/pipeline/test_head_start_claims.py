@@ -237,8 +237,8 @@ def test_beside_busy_processes_the_driver_wants_no_ray_sooner(setup, tmp_path):
             p.kill()
     assert free_share(head._pack_others, head._pack_seconds) < 0.5, "the busy loops were seen"
     left = (setup[1].num_windows - 1) * head._pack_seconds  # the windows left at its pace
-    assert head.wants_ray(0.6 * left) is False
-    assert head.wants_ray(0.9 * MIN_FREE_SHARE * 0.6 * left) is True
+    assert head.wants_ray(0.6 * left) is False  # beside busy loops no CPU is left for actors: no Ray, ever
+    assert head.wants_ray(0.9 * MIN_FREE_SHARE * 0.6 * left) is False  # (measured: 50 s with Ray, 16 s without)
     head.abandon()
     thread.join(30)
 

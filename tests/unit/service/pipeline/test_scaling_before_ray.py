@@ -71,8 +71,8 @@ def test_valid_flags_the_driver_did_not_need_are_named_in_one_line(tmp_path, cap
     err = capsys.readouterr().err
     assert code == 0 and not ray_initialised()
     unused = [line for line in err.splitlines() if "unused" in line]
-    assert unused == ["packfeed pack: --num-workers 1, --cpus-per-worker 0.5, --packer-label packfeed/role=!x unused: "
-                      "the driver packed every window, sooner than Ray and packing actors would have started"], err
+    assert unused == [("packfeed pack: --num-workers 1, --cpus-per-worker 0.5, --packer-label packfeed/role=!x unused: "
+                       "the driver packed every window, sooner than Ray and packing actors would have started")], err
 
 
 @pytest.mark.parametrize("scaling, fits", [
