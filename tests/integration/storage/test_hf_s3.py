@@ -4,8 +4,8 @@ a second call reads no part again, and a repacked output is read anew."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from support.streams import plain_rows
 
 from packfeed.client.rows import PackedRows
 from packfeed.service.packed.writer import ParquetRowWriter, part_files
@@ -17,12 +17,7 @@ SEQ = 8
 
 
 def rows(first: int, n: int) -> PackedRows:
-    ids = np.arange(first * SEQ, (first + n) * SEQ, dtype=np.int32).reshape(n, SEQ) + 1
-    labels = ids.copy()
-    labels[:, 0] = -100
-    return PackedRows(input_ids=ids, labels=labels, position_ids=np.tile(np.arange(SEQ, dtype=np.int32), (n, 1)),
-                      seq_lens=np.full(n, SEQ, np.int32), sample_ids=np.arange(first, first + n, dtype=np.int64),
-                      segment_splits=np.arange(n + 1, dtype=np.int64), row_index=np.arange(first, first + n))
+    return plain_rows(first, n, SEQ)
 
 
 def write(out: str, first: int, *, overwrite: bool = False) -> None:
