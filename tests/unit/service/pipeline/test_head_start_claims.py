@@ -18,18 +18,15 @@ import time
 
 import numpy as np
 import pytest
+from support.head_start import bundled_setup, start_head
 
 from packfeed.client.rows import renumber_rows
-from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-from packfeed.service.data.config import DataConfig
-from packfeed.service.data.plan import build_plan
 from packfeed.service import faults
 from packfeed.service.faults import FAULTS_ENV, FaultInjected
 from packfeed.service.packed.writer import write_part
-from packfeed.service.pipeline.head_start import MIN_FREE_SHARE, HeadStart, free_share, ray_budget
+from packfeed.service.pipeline.head_start import MIN_FREE_SHARE, free_share, ray_budget
 from packfeed.service.pipeline.part_sink import part_name
 from packfeed.service.pipeline.window import process_window, window_tokenizers
-from packfeed.service.tokenize.samples import load_tokenizer
 
 
 class MemoryLedger:
@@ -53,10 +50,7 @@ class MemoryLedger:
 
 @pytest.fixture(scope="module")
 def setup():
-    config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,
-                                    window_samples=500)
-    plan = build_plan(config)
-    return config, plan, load_tokenizer(config.tokenizer, snapshot=True).ship()
+    return bundled_setup()
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +71,9 @@ def expected(setup, tmp_path_factory):
     return files, ends
 
 
-def start(setup, out, **kwargs) -> tuple[HeadStart, threading.Thread]:
-    config, plan, shipped = setup
-    head = HeadStart(config, plan, shipped, output=str(out), **kwargs)
-    thread = threading.Thread(target=head.run, daemon=True)
-    thread.start()
-    return head, thread
-
-
 def test_alone_the_driver_writes_every_window_as_the_actors_would_and_only_once_released(setup, expected, tmp_path):
     _, plan, _ = setup
-    head, thread = start(setup, tmp_path)
+    head, thread = start_head(setup, tmp_path)
     with head._cond:
         head._cond.wait_for(lambda: head._packed == plan.num_windows, 60)
     assert not list(tmp_path.iterdir()), "nothing is written before every check passed"
@@ -103,7 +89,7 @@ def test_alone_the_driver_writes_every_window_as_the_actors_would_and_only_once_
 
 
 def test_the_held_rows_stay_under_their_bound_until_released(setup, tmp_path):
-    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    head, thread = start_head(setup, tmp_path, max_held_tokens=1)
     with head._cond:  # one window is over the bound: the driver waits after it
         assert head._cond.wait_for(lambda: head._packed == 1, 60)
         assert not head._cond.wait_for(lambda: head._next > 1, 1.0), "it claimed a window past the bound"
@@ -116,7 +102,7 @@ def test_the_held_rows_stay_under_their_bound_until_released(setup, tmp_path):
 def test_after_the_hand_over_the_driver_keeps_a_prefix_and_publishes_its_end(setup, expected, tmp_path, actors_from):
     """The actors claimed every window from ``actors_from`` on before the driver got there."""
     _, plan, _ = setup
-    head, thread = start(setup, tmp_path, max_held_tokens=1)  # it waits after window 0: the hand-over finds it there
+    head, thread = start_head(setup, tmp_path, max_held_tokens=1)  # it waits after window 0: the hand-over finds it there
     with head._cond:
         assert head._cond.wait_for(lambda: head._packed == 1, 60)
     ledger = MemoryLedger(claimed_by_actors=range(actors_from, plan.num_windows))
@@ -136,7 +122,7 @@ def test_after_the_hand_over_the_driver_keeps_a_prefix_and_publishes_its_end(set
 def test_a_failure_before_the_hand_over_is_raised_there(setup, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULTS_ENV, "packer-window:1")
     monkeypatch.setattr(faults, "_fired", set())  # a fault fires once per process
-    head, thread = start(setup, tmp_path)
+    head, thread = start_head(setup, tmp_path)
     thread.join(60)
     with pytest.raises(FaultInjected, match="packer-window:1"):
         head.hand_over(MemoryLedger())
@@ -148,7 +134,7 @@ def test_a_failure_after_the_hand_over_is_published_for_the_next_window(setup, t
     assert plan.num_windows > 3, "a window after the failed one, for an actor to wait on"
     monkeypatch.setenv(FAULTS_ENV, "packer-window:2")
     monkeypatch.setattr(faults, "_fired", set())
-    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    head, thread = start_head(setup, tmp_path, max_held_tokens=1)
     with head._cond:
         assert head._cond.wait_for(lambda: head._packed == 1, 60)
     ledger = MemoryLedger()
@@ -163,7 +149,7 @@ def test_a_failure_after_the_hand_over_is_published_for_the_next_window(setup, t
 
 
 def test_abandoned_it_packs_and_writes_no_more(setup, tmp_path):
-    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    head, thread = start_head(setup, tmp_path, max_held_tokens=1)
     with head._cond:
         assert head._cond.wait_for(lambda: head._packed == 1, 60)
     head.abandon()
@@ -174,7 +160,7 @@ def test_abandoned_it_packs_and_writes_no_more(setup, tmp_path):
 @pytest.mark.parametrize("budget_s, wants", [(0.0, True), (3600.0, False)])
 def test_before_any_ray_its_pace_says_whether_ray_is_worth_starting(setup, tmp_path, budget_s, wants):
     _, plan, _ = setup
-    head, thread = start(setup, tmp_path)
+    head, thread = start_head(setup, tmp_path)
     assert head.wants_ray(budget_s) is wants
     if not wants:
         with head._cond:  # no Ray: the driver goes on with every window
@@ -197,7 +183,7 @@ def test_a_slow_first_window_starts_ray_before_it_ends(setup, tmp_path, monkeypa
         return process_window(spec, *args, **kwargs)
 
     monkeypatch.setattr(window, "process_window", slow)
-    head, thread = start(setup, tmp_path)
+    head, thread = start_head(setup, tmp_path)
     budget_s = 0.2 * (plan.num_windows - 1)  # wanted once window 0 has taken 0.2 s
     assert head.wants_ray(budget_s) is True
     assert head._packed == 0 and not slow_done.is_set(), "decided before the first window ended"
@@ -229,7 +215,7 @@ def test_beside_busy_processes_the_driver_wants_no_ray_sooner(setup, tmp_path):
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         time.sleep(0.5)  # they run
-        head, thread = start(setup, tmp_path, max_held_tokens=1)
+        head, thread = start_head(setup, tmp_path, max_held_tokens=1)
         with head._cond:
             assert head._cond.wait_for(lambda: head._packed == 1, 60)
     finally:
@@ -246,7 +232,7 @@ def test_beside_busy_processes_the_driver_wants_no_ray_sooner(setup, tmp_path):
 def test_a_failed_first_window_wants_no_ray_and_keeps_its_error(setup, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULTS_ENV, "packer-window:0")
     monkeypatch.setattr(faults, "_fired", set())
-    head, thread = start(setup, tmp_path)
+    head, thread = start_head(setup, tmp_path)
     assert head.wants_ray(3600.0) is False and isinstance(head.error, FaultInjected)
     thread.join(30)
     assert not list(tmp_path.iterdir())
@@ -265,7 +251,7 @@ def test_a_failed_write_stops_the_packing_and_is_raised(setup, tmp_path, monkeyp
         return write(uri, rows, **kwargs)
 
     monkeypatch.setattr(writer, "write_part", failing)
-    head, thread = start(setup, tmp_path, max_held_tokens=1)
+    head, thread = start_head(setup, tmp_path, max_held_tokens=1)
     head.release()
     head.window(0)
     with pytest.raises(OSError, match="disk full"):

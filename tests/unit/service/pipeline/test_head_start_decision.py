@@ -13,6 +13,7 @@ import math
 import time
 
 import pytest
+from support.head_start import bundled_setup, start_head
 
 from packfeed.service.pipeline.head_start import (
     ACTORS_START_S,
@@ -99,25 +100,13 @@ def test_what_started_ray_still_starts_the_actors_at_the_hand_over():
 # ---- the driver's pace: window 0 carries the run's one-time costs -----------------------------------
 @pytest.fixture(scope="module")
 def bundled():
-    from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-    from packfeed.service.data.config import DataConfig
-    from packfeed.service.data.plan import build_plan
-    from packfeed.service.tokenize.samples import load_tokenizer
-
-    config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,
-                                    window_samples=500)
-    plan = build_plan(config)
-    assert plan.num_windows == 15
-    return config, plan, load_tokenizer(config.tokenizer, snapshot=True).ship()
+    return bundled_setup()
 
 
 def started(bundled, out, monkeypatch, slow_s: dict[int, float], threshold_s: float, **kwargs):
     """A head start whose windows ``k`` sleep ``slow_s[k]`` first, and whose actors pay off above
     ``threshold_s`` of the driver's seconds, whatever the machine."""
-    import threading
-
     from packfeed.service.pipeline import head_start, window
-    from packfeed.service.pipeline.head_start import HeadStart
 
     pack_window = window.process_window
 
@@ -128,11 +117,7 @@ def started(bundled, out, monkeypatch, slow_s: dict[int, float], threshold_s: fl
     monkeypatch.setattr(window, "process_window", slow)
     monkeypatch.setattr(head_start, "actors_pay_off_after", lambda start_s, **machine: threshold_s)
     monkeypatch.setattr(head_start, "FIRST_WINDOW_EXTRA_S", 2.0)  # window 0's bound says nothing within its 1 s
-    config, plan, shipped = bundled
-    head = HeadStart(config, plan, shipped, output=str(out), **kwargs)
-    thread = threading.Thread(target=head.run, daemon=True)
-    thread.start()
-    return head, thread
+    return start_head(bundled, out, **kwargs)
 
 
 def test_a_slow_first_window_alone_does_not_start_ray(bundled, tmp_path, monkeypatch):
