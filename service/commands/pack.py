@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from packfeed.service.commands.args import (
     add_data_arguments,
@@ -64,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
     config = data_config_from_args(args, base)
     scaling = packing_from_args(args, base)
     output = resolve_output(args.output)
-    if args.overwrite:
-        _say_what_is_replaced(output)
     stats = run_pack(config, output, scaling=scaling, address=args.address, overwrite=args.overwrite,
                      validate=args.validate, progress_seconds=args.progress_seconds, head_start=args.head_start)
     notice = few_rows_notice(int(stats.get("rows", 0)), config.seq_len, int(stats.get("tokens", 0)))
@@ -84,18 +81,3 @@ def few_rows_notice(rows: int, seq_len: int, tokens: int) -> str | None:
     return (f"the whole output is {rows} row(s) of {seq_len:,} tokens ({tokens:,} tokens packed): a data-parallel "
             f"run takes a row per rank and step, so {FEW_ROWS} ranks would get less than one step; for "
             f"{FEW_ROWS} rows or more pack with --seq-len {fits} or less")
-
-
-def _say_what_is_replaced(output) -> None:
-    """With --overwrite, one line when the output holds an interrupted or failed pack (what
-    --overwrite then replaces: a pack does not resume), before the run starts over."""
-    from packfeed.service import storage
-    from packfeed.service.packed.location import previous_output
-
-    try:
-        state = previous_output(os.fspath(output))
-    except (OSError, ValueError):  # unreadable: the run's own checks say so, naming it
-        return
-    if state is not None and not state[0]:
-        logger.info("--output %s holds %s; --overwrite replaces it once every check has passed",
-                    storage.display(os.fspath(output)), state[1])

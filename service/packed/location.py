@@ -19,8 +19,8 @@ allows it).
 writing to the output before its checks passed.
 
 Costs on a store: ``check_output`` one HEAD (the location is not an object) and one LIST per
-1,000 keys, plus a GET of ``files.json`` when there is something (and of ``stats.json`` when it
-is refused without ``overwrite``); ``check_writable`` a PUT
+1,000 keys, plus a GET of ``files.json`` and one of ``stats.json`` when there is something (whether that
+output finished: the refusal, or ``--overwrite``'s line, says so); ``check_writable`` a PUT
 and a delete; ``clear_previous`` two LISTs and a delete per object (objects.delete_prefix).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -37,6 +38,8 @@ from typing import Callable, Iterator, Sequence
 from packfeed.service import storage
 from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND
 from packfeed.service.storage.uri import split
+
+logger = logging.getLogger("packfeed")
 
 META_DIR = ".packfeed"
 SCAN_CACHE = "scan.npz"  # the inputs' scan manifest under META_DIR: kept by an overwrite
@@ -68,12 +71,16 @@ def check_output(out: str, *, inputs: Sequence[str], overwrite: bool) -> list[st
             f"--output {storage.display(out)} holds files packfeed did not write ({', '.join(foreign[:5])}) next to a "
             "previous output: move them away or choose another directory"
         )
+    state = previous_output(out, ours)
+    unfinished = state is not None and not state[0]
     if not overwrite:
-        state = previous_output(out, ours)
-        unfinished = "" if state is None or state[0] else (
-            f" (it holds {state[1]}; a pack does not resume: --overwrite packs it again from the start)")
+        why = f" (it holds {state[1]}; a pack does not resume: --overwrite packs it again from the start)" \
+            if unfinished else ""
         raise ValueError(f"--output {storage.display(out)} already holds packed output; pass --overwrite to replace "
-                         f"it{unfinished}")
+                         f"it{why}")
+    if unfinished:
+        logger.info("--output %s holds %s; --overwrite replaces it once every check has passed",
+                    storage.display(out), state[1])
     return ours
 
 

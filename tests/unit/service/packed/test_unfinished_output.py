@@ -35,7 +35,7 @@ def pack(out: str, end: str) -> None:
     pytest.param("killed", "an interrupted pack: 1 part file(s) listed, no .packfeed/stats.json", id="killed"),
     pytest.param("failed: nothing packed", "a failed pack: status 'failed: nothing packed'", id="failed"),
 ])
-def test_an_unfinished_output_is_named_when_refused(where, end, state):
+def test_an_unfinished_output_is_named_when_refused(where, end, state, caplog):
     pack(where, end)
     assert previous_output(where)[0] is False and previous_output(where)[1].startswith(state)
     with pytest.raises(ValueError) as refused:
@@ -43,15 +43,21 @@ def test_an_unfinished_output_is_named_when_refused(where, end, state):
     message = str(refused.value)
     assert "already holds packed output; pass --overwrite to replace it (it holds " + state in message
     assert message.endswith("a pack does not resume: --overwrite packs it again from the start)")
-    prepare_output(where, inputs=[], overwrite=True)  # --overwrite replaces it
+    with caplog.at_level("INFO", logger="packfeed"):
+        prepare_output(where, inputs=[], overwrite=True)  # --overwrite replaces it, saying what it was
+    assert [r.getMessage() for r in caplog.records if "--overwrite replaces it" in r.getMessage()][0].startswith(
+        f"--output {where} holds {state}")
     assert previous_output(where) is None
 
 
-def test_a_finished_output_keeps_the_plain_message(where):
+def test_a_finished_output_keeps_the_plain_message(where, caplog):
     pack(where, "complete")
     assert previous_output(where) == (True, "a complete pack of 1 part file(s)")
     with pytest.raises(ValueError, match="already holds packed output; pass --overwrite to replace it$"):
         prepare_output(where, inputs=[], overwrite=False)
+    with caplog.at_level("INFO", logger="packfeed"):
+        prepare_output(where, inputs=[], overwrite=True)
+    assert "--overwrite replaces it" not in caplog.text, "a finished output is replaced without a word"
 
 
 def test_nothing_there_is_no_previous_output(where):
