@@ -87,15 +87,19 @@ class PackFeedService:
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
         self.bytes_sent = 0
-        self.rows_sent = 0  # real rows in the batches sent (padding excluded), each send
         self.tokens_sent = 0  # real tokens of those rows
-        self.rows_served = 0  # of rows_sent: a row's first send to its rank (of its world size)
+        self.rows_served = 0  # real rows sent (padding excluded) for the first time to their rank (of its world size)
         self.tokens_served = 0  # real tokens of those rows
-        self.rows_resent = 0  # of rows_sent: sent to that rank before (a consumer resumed before them)
+        self.rows_resent = 0  # real rows sent to that rank before (a consumer resumed before them)
         self.deliveries = Deliveries()
         self.draining = False  # set by drain(): calls ending from now on end because of it
         self.auth_refused: Counter = Counter()  # reason ("missing token", "wrong token") -> calls refused
         self._refusals_unlogged, self._refusal_logged_at = 0, float("-inf")
+
+    @property
+    def rows_sent(self) -> int:
+        """Real rows sent, every send: the first ones and those sent again."""
+        return self.rows_served + self.rows_resent
 
     def refused(self, reason: str, method: str, peer: str) -> None:
         """A call refused by the token check: counted; logged at most every 10 s."""
@@ -184,7 +188,6 @@ class PackFeedService:
                 with self._lock:
                     self.batches_sent += 1
                     self.bytes_sent += len(message)
-                    self.rows_sent += len(rows)
                     self.tokens_sent += batch.num_real_tokens
                     self.rows_served += len(rows) - resent
                     self.tokens_served += batch.num_real_tokens - resent_tokens
