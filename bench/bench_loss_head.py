@@ -55,7 +55,7 @@ def run_chunk(args: argparse.Namespace) -> dict:
 
     from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
     from packfeed.client.rows import IGNORE_INDEX
-    from packfeed.trainer.config import ModelConfig
+    from packfeed.trainer.train_config import ModelConfig
     from packfeed.trainer.model import build_model
     from packfeed.trainer.step import token_loss_sum
 

@@ -102,8 +102,8 @@ def run_layout(rank: int, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
     from packfeed.client.model_inputs import to_model_inputs
-    from packfeed.trainer.config import ModelConfig, TrainConfig
-    from packfeed.trainer.metrics import peak_flops
+    from packfeed.trainer.train_config import ModelConfig, TrainConfig
+    from packfeed.trainer.train_metrics import peak_flops
     from packfeed.trainer.model import build_model, flops_per_token
     from packfeed.trainer.optim import build_optimizer
     from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures

@@ -14,7 +14,7 @@ the same run; figures are ratios to it.
 (2) Reading: ``read_window`` over every window of the plan in this process: seconds, requests
     and bytes per window, bytes read / input bytes, by file kind; again with the Parquet
     source's ``block_samples`` at its row-group size (a window then takes whole row groups).
-(3) ``packfeed pack`` end to end (``pipeline.pack.run_pack`` in this process, an embedded Ray
+(3) ``packfeed pack`` end to end (``pipeline.pack_run.run_pack`` in this process, an embedded Ray
     started once for both, one packing actor per CPU): tokens/s (steady and overall), the
     whole run's requests and bytes (scan, probe and the packing actors' reads), and a check
     that both outputs hold the same rows.
@@ -185,7 +185,7 @@ def read_bench(corpus: Corpus, proxy) -> None:
 
 
 def pack_bench(corpus: Corpus, proxy, work: Path) -> None:
-    from packfeed.service.pipeline.pack import run_pack
+    from packfeed.service.pipeline.pack_run import run_pack
     from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray
 
     print("\n" + init_ray())

@@ -6,7 +6,7 @@ packfeed.client`` works without torch.
 """
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
-from packfeed.client.pairs import pair_logps, pair_segments, segment_logps, segment_sums
+from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import (
     COLUMN_DTYPES,
     IGNORE_INDEX,

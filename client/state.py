@@ -6,7 +6,7 @@ the ``"stream"`` entry of a ``packfeed train`` checkpoint are all ``StreamState.
     {"version": 1, "cursor": 48, "step": 6, "config_hash": "9f3c...", "seq_len": 4096}
 
 and, once the stream's mixture was changed during the run (``PackedStream.set_mixture``),
-``"mixture"``: the changes made (client/mixture.py records), in order. A resumed client sends
+``"mixture"``: the changes made (client/mixture_record.py records), in order. A resumed client sends
 them, and the server refuses to continue a stream that did not make them (its cursor would
 point into another stream). Records without it (every record saved before) load unchanged.
 
@@ -17,7 +17,7 @@ from, None until it is known (a state saved before the first batch); a resume on
 stream is refused (``check_matches`` here, FAILED_PRECONDITION from a server), since its
 cursor would point at other rows.
 
-Standard library only (and client/mixture.py).
+Standard library only (and client/mixture_record.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from packfeed.client.mixture import check_change, with_change
+from packfeed.client.mixture_record import check_change, with_change
 
 STATE_VERSION = 1  # the record's format; a record of another version is refused
 

@@ -43,7 +43,7 @@ from typing import Any, Iterator, Mapping
 
 import grpc
 import numpy as np
-from packfeed.client.mixture import change_message, change_record
+from packfeed.client.mixture_record import change_message, change_record
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
 from packfeed.client.transport import (
@@ -129,7 +129,7 @@ class StreamInfo:
 
     ``total_rows``: rows of the whole stream (all epochs), None until the server's pipeline
     reached the end. ``epoch_rows``: rows of each epoch whose end it reached, in order.
-    ``mixture_changes``: the online mixture changes made so far (client/mixture.py records).
+    ``mixture_changes``: the online mixture changes made so far (client/mixture_record.py records).
     """
 
     seq_len: int

@@ -15,7 +15,7 @@ from packfeed.trainer.attention import (
     select_attention,
     varlen_attention_forward,
 )
-from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch
 from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset

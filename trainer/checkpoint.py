@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from packfeed.service import storage
-from packfeed.service.storage.errors import classify
+from packfeed.service.storage.store_errors import classify
 from packfeed.trainer.parallelize import is_sharded, unwrapped
 from packfeed.trainer.run_dir import ray_storage, read_text
 

@@ -28,7 +28,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from packfeed.client.model_inputs import to_model_inputs
-from packfeed.client.pairs import pair_logps, pair_segments, segment_logps, segment_sums
+from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import PackedRows
 from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.loss_head import trained_token_logps
@@ -109,7 +109,7 @@ def build_reference(model: Any, reference: str, *, vocab_size: int, device: Any,
     again, so it holds the weights the run started from even when the policy is then loaded from
     a checkpoint; else the model named ``reference``, with the policy's attention back-end. In
     eval mode, without gradients. Cost: the memory of a second copy of the weights."""
-    from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig
+    from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig
     from packfeed.trainer.model import build_model
 
     config = model if reference == INITIAL_REFERENCE else ModelConfig(name=reference, attn=model.attn)

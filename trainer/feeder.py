@@ -128,7 +128,7 @@ class RowFeeder:
 
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
         """The mixture change of global ``step`` (made by the first rank asking; see the module
-        docstring): its record (client/mixture.py) and ``schedule_index``. ValueError for bad
+        docstring): its record (client/mixture_record.py) and ``schedule_index``. ValueError for bad
         weights (nothing changes), MixtureRefused when the stream cannot change."""
         if self.mixture is None:
             raise MixtureRefused("the run trains on a packed directory as it is: its mixture cannot change (pack it "

@@ -42,7 +42,7 @@ import subprocess
 from dataclasses import dataclass
 from itertools import product
 
-from packfeed.trainer.config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.train_config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.model_shape import ModelShape, model_shape
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 from packfeed.trainer.attention import select_attention
-from packfeed.trainer.config import TINY_PREFIX, ModelConfig, tiny_suggestion
+from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig, tiny_suggestion
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packfeed.service.tokenize.hf_hub import hub_kwargs
-from packfeed.trainer.config import TINY_PREFIX, ModelConfig
+from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,8 +28,8 @@ the run at once.
 
 The driver only sequences the run; the parts live beside it: what the output holds and what a
 checkpoint may continue (trainer/resume.py, before Ray starts), the checkpoint's trainer state
-(trainer/state.py ``TrainState``), the feeder actor (trainer/feeder.py ``StreamFeeder``), the
-rank's loop (trainer/worker.py), the summary's figures and lines (trainer/metrics.py).
+(trainer/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py ``StreamFeeder``), the
+rank's loop (trainer/worker.py), the summary's figures and lines (trainer/train_metrics.py).
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ from packfeed.service.pipeline.stats import run_failure
 from packfeed.service.tokenize.samples import load_tokenizer
 from packfeed.trainer.attention import check_attention, ray_workers_device
 from packfeed.trainer.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
-from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
 from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.metrics import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
+from packfeed.trainer.train_metrics import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
 from packfeed.trainer.loss_head import check_loss_head
 from packfeed.trainer.mixture_hook import load_hook
 from packfeed.trainer.model import check_model
-from packfeed.trainer.placement import check_placement, packing_scaling
+from packfeed.trainer.train_placement import check_placement, packing_scaling
 from packfeed.trainer.resume import (
     check_packed_dir,
     check_resume,
@@ -68,7 +68,7 @@ from packfeed.trainer.resume import (
     saved_summary,
 )
 from packfeed.trainer.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE, location, path, publish_final, ray_storage, write_json
-from packfeed.trainer.state import TrainState
+from packfeed.trainer.train_state import TrainState
 from packfeed.trainer.stopping import StopSignals
 from packfeed.trainer.worker import train_loop_per_worker
 

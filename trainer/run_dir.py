@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packfeed.service import storage
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, classify
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, classify
 FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
 # Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
 # renamed to FINAL_DIR, so a final/ that exists is complete.

@@ -55,11 +55,11 @@ from packfeed.service.pipeline.raycluster import Terminated
 from packfeed.service.tokenize.samples import load_tokenizer
 from packfeed.trainer.attention import check_attention
 from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
-from packfeed.trainer.config import RunConfig
+from packfeed.trainer.train_config import RunConfig
 from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
 from packfeed.trainer.loss_head import check_loss_head
 from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.metrics import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
+from packfeed.trainer.train_metrics import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
 from packfeed.trainer.model import check_model
 from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
 from packfeed.trainer.run_dir import publish_final, write_json

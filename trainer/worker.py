@@ -34,11 +34,11 @@ from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service import faults
 from packfeed.trainer.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
-from packfeed.trainer.config import INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
 from packfeed.trainer.feeder import STOP
 from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
-from packfeed.trainer.metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
+from packfeed.trainer.train_metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model import build_model, flops_per_token, load_shards_from_rank0
 from packfeed.trainer.optim import build_optimizer
 from packfeed.trainer.parallelize import (
@@ -50,7 +50,7 @@ from packfeed.trainer.parallelize import (
     unwrapped,
 )
 from packfeed.trainer.run_dir import path, save_final_model
-from packfeed.trainer.state import TrainState
+from packfeed.trainer.train_state import TrainState
 from packfeed.trainer.step import accumulate_gradients, train_step
 
 logger = logging.getLogger(__name__)

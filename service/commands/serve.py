@@ -5,7 +5,7 @@
     packfeed serve runs/demo-pack [--port P]              # a packed directory, as it is
 
 The flags are checked here, naming them, before anything starts; ``run_serve``
-(service/delivery/serve.py) then serves. One process: the packing pipeline (embedded local
+(service/delivery/serve_run.py) then serves. One process: the packing pipeline (embedded local
 Ray, or ``--address``/$RAY_ADDRESS; as a Ray job the job's cluster), one RowHub holding a
 bounded buffer of rows, and a gRPC server whose consumers read it by global row index
 (service/delivery/server.py). It prints ``packfeed serve: listening on HOST:PORT`` on a line
@@ -131,7 +131,7 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     from packfeed.service.delivery.manifest import Manifest
     from packfeed.service.delivery.row_stream import find_packed_dir
-    from packfeed.service.delivery.serve import ServeOptions, run_serve
+    from packfeed.service.delivery.serve_run import ServeOptions, run_serve
     from packfeed.service.delivery.server import check_tls_files, port_problem
     from packfeed.service.pipeline.scaling import PackingScaling
 

@@ -132,7 +132,7 @@ class DataConfig:
     tokenizer_backend: str = "auto"
     schedule: tuple[ScheduleEntry, ...] = ()
     # Preference pairs under overlong="truncate": an overlong pair's prompt is cut from the left, but
-    # not below this many tokens, before its answers are cut (packing/pairs.py). None: seq_len // 4
+    # not below this many tokens, before its answers are cut (packing/truncate_pairs.py). None: seq_len // 4
     # (the prompt is in both segments: prompts then fill at most half the row).
     max_prompt_tokens: int | None = None
 

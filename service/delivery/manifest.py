@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from packfeed.service import storage
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND
 
 logger = logging.getLogger("packfeed")
 

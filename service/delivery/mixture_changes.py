@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from packfeed.client.mixture import check_change
+from packfeed.client.mixture_record import check_change
 
 logger = logging.getLogger("packfeed")
 

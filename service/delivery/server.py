@@ -62,7 +62,7 @@ from packfeed.client.transport import (
     batch_message_limit,
     channel_options,
 )
-from packfeed.client.mixture import change_message, change_record
+from packfeed.client.mixture_record import change_message, change_record
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
@@ -141,7 +141,7 @@ class PackFeedService:
     def set_mixture(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         """An online mixture change (see mixture_changes.py); aborts with the status code a
         user can act on, and then nothing changed."""
-        from packfeed.service.storage.errors import StorageError
+        from packfeed.service.storage.store_errors import StorageError
 
         req = _parse(packfeed_pb2.SetMixtureRequest, request, context)
         control = self.meta.mixture

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from packfeed.service import storage
-from packfeed.service.storage.errors import NO_MATCH, NOT_FOUND
+from packfeed.service.storage.store_errors import NO_MATCH, NOT_FOUND
 from packfeed.service.storage.objects import missing
 
 logger = logging.getLogger("packfeed")

@@ -44,7 +44,7 @@ from packfeed.service.inputs.records import (
     InvalidRecord,
     Skip,
 )
-from packfeed.service.storage.errors import DENIED, NOT_FOUND
+from packfeed.service.storage.store_errors import DENIED, NOT_FOUND
 
 
 # JSONL lines: msgspec's decoder, ~2x json.loads on 4 KB lines (bench/bench_tokenize.py's stage

@@ -42,7 +42,7 @@ from packfeed.service.storage import (
     read_bytes,
     write_bytes_atomic,
 )
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND
 
 logger = logging.getLogger("packfeed")
 

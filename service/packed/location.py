@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from packfeed.service import storage
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND
 from packfeed.service.storage.uri import split
 
 logger = logging.getLogger("packfeed")

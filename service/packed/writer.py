@@ -47,7 +47,7 @@ from packfeed.service.packed.location import (
     read_if_exists,
     written_files,
 )
-from packfeed.service.storage.errors import classify
+from packfeed.service.storage.store_errors import classify
 
 # ~32 MiB of token columns per row group at L=4096 (3 int32 columns * 4096 * 4 B * 682).
 TARGET_ROW_GROUP_BYTES = 32 << 20

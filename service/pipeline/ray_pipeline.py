@@ -27,7 +27,7 @@ row; a window whose samples were all skipped sends one stats-only row (no tokens
 since Ray Data drops empty blocks. So the driver's totals are complete when the stream ends,
 and no actor holds them (a lost actor cannot lose them, a restarted reader leaks nothing).
 
-``PackingPipeline`` is what reads it: ``packfeed pack`` (pipeline/pack.py) writes its rows
+``PackingPipeline`` is what reads it: ``packfeed pack`` (pipeline/pack_run.py) writes its rows
 to a directory, and the row stream of serve and train (delivery/row_stream.py) restarts one
 from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 """

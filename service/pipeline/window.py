@@ -21,7 +21,7 @@ from packfeed.client.offsets import offsets_of, run_sums
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.packing import assemble_rows, pack
-from packfeed.service.packing.pairs import fit_pairs
+from packfeed.service.packing.truncate_pairs import fit_pairs
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.inputs.records import record_format
 from packfeed.service.inputs.read import RawWindow, WindowSpec, read_window
@@ -82,7 +82,7 @@ def process_window(
 
 
 def _fit_pairs(samples: TokenizedSamples, config: DataConfig) -> tuple[TokenizedSamples, np.ndarray]:
-    """Under overlong="truncate", overlong preference pairs cut to fit (packing/pairs.py); the
+    """Under overlong="truncate", overlong preference pairs cut to fit (packing/truncate_pairs.py); the
     samples and the positions of the pairs that were cut. Other policies leave them to ``pack``,
     which drops them (a pair is never split)."""
     pairs = samples.pairs

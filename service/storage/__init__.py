@@ -8,7 +8,7 @@ version); retry.py retries transient failures of remote requests and counts requ
 and bytes per process; errors.py makes every failure one line.
 """
 
-from packfeed.service.storage.errors import StorageError
+from packfeed.service.storage.store_errors import StorageError
 from packfeed.service.storage.glob import expand, has_magic, local_glob, match
 from packfeed.service.storage.objects import (
     ObjectInfo,

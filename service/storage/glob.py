@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Sequence
 
-from packfeed.service.storage.errors import INVALID, NO_MATCH, NOT_FOUND, StorageError
+from packfeed.service.storage.store_errors import INVALID, NO_MATCH, NOT_FOUND, StorageError
 from packfeed.service.storage.objects import ObjectInfo, listing, missing, stat
 from packfeed.service.storage.redact import display
 from packfeed.service.storage.uri import is_remote, split

@@ -28,7 +28,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, StorageError
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, StorageError
 from packfeed.service.storage.redact import display
 from packfeed.service.storage.retry import COUNTERS, call
 from packfeed.service.storage.uri import BUCKET_SCHEMES, is_remote, resolve_bare, scheme_of, split

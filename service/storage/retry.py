@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Iterator, TypeVar
 
-from packfeed.service.storage.errors import NO_BUCKET, NOT_FOUND, UNREACHABLE, StorageError, classify, problem
+from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, UNREACHABLE, StorageError, classify, problem
 
 # A request answered "no such object" (or bucket) got its answer: not a failure. Most are asked
 # on purpose: whether an output holds a kept scan, a files.json, a config.json (a clean pack to

@@ -39,7 +39,7 @@ import urllib.parse
 
 import pyarrow.fs as pafs
 
-from packfeed.service.storage.errors import INVALID, StorageError
+from packfeed.service.storage.store_errors import INVALID, StorageError
 from packfeed.service.storage.redact import display
 
 CONNECT_TIMEOUT_S = 2.0  # a TCP+TLS connect to a store; a black-holed endpoint fails in 3 x 2 s

@@ -264,7 +264,7 @@ class ChatRenderer:
     def preference(self, prompt: list, chosen: list, rejected: list, tools: list | None) -> tuple[str, str, str]:
         """A conversational preference pair as TRL's DPOTrainer renders it: the prompt with the
         generation prompt, prompt + chosen and prompt + rejected (tokens decide where the
-        answers start: tokenize/pairs.py)."""
+        answers start: tokenize/pair_tokens.py)."""
         texts = []
         for messages, generation_prompt in ((prompt, True), (prompt + chosen, False), (prompt + rejected, False)):
             messages, _, render, _ = self._prepared(messages, tools)

@@ -66,7 +66,7 @@ from packfeed.service.tokenize.fast.chat_tokens import TurnEncoder
 from packfeed.service.tokenize.encoders import Encoded
 from packfeed.service.tokenize.hf_hub import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
 from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
-from packfeed.service.tokenize.pairs import encode_pairs
+from packfeed.service.tokenize.pair_tokens import encode_pairs
 
 logger = logging.getLogger(__name__)
 

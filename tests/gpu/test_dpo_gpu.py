@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
-from packfeed.client.pairs import segment_logps  # noqa: E402
+from packfeed.client.pair_logps import segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows  # noqa: E402
 from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from support.step_contract import MODEL, VOCAB, WORLD, packed_micro_batches, reference, relative_error  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
-from packfeed.trainer.config import ModelConfig, TrainConfig  # noqa: E402
+from packfeed.trainer.train_config import ModelConfig, TrainConfig  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402
 from packfeed.trainer.optim import build_optimizer  # noqa: E402
 from packfeed.trainer.step import accumulate_gradients  # noqa: E402

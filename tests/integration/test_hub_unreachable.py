@@ -60,7 +60,7 @@ def test_an_uncached_tokenizer_id_fails_fast_in_one_line(closed_hub, tmp_path, c
 
 
 def test_an_uncached_model_id_fails_fast_in_one_line(closed_hub):
-    from packfeed.trainer.config import ModelConfig
+    from packfeed.trainer.train_config import ModelConfig
     from packfeed.trainer.model import check_model
 
     start = time.monotonic()

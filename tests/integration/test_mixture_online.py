@@ -21,7 +21,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from packfeed.client.mixture import schedule_toml
+from packfeed.client.mixture_record import schedule_toml
 from packfeed.client.stream import PackedStream, StreamError
 from support.serve import CORPUS, TOKENIZER, ServerProcess
 from stream_client import row_digest, row_records

@@ -215,7 +215,7 @@ def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_clust
 def test_on_a_multi_node_cluster_the_driver_writes_a_local_output_with_the_same_rows(ray_cluster, corpus, packed_50,
                                                                                     tmp_path, monkeypatch):
     """A local --output of a multi-node cluster is the driver's disk: the rows come to it."""
-    import packfeed.service.pipeline.pack as pack_module
+    import packfeed.service.pipeline.pack_run as pack_module
 
     inputs, _, _ = corpus
     actors, _ = packed_50[2]  # written by the actors (one node: its disk is the driver's)

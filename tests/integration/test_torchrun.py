@@ -30,7 +30,7 @@ from support.train import PACKFEED, Train, corpus_head, run_config_text, wait_fo
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.metrics import read_jsonl
+from packfeed.trainer.train_metrics import read_jsonl
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.metrics import read_jsonl
+from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.train_metrics import read_jsonl
 from support.serve import REPO
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ import pytest
 from support.train import Train, corpus_head, run_config_text, wait_for_step
 
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.metrics import read_jsonl
+from packfeed.trainer.train_metrics import read_jsonl
 
 torch = pytest.importorskip("torch")
 

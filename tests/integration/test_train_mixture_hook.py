@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 import pytest
-from packfeed.client.mixture import schedule_toml
+from packfeed.client.mixture_record import schedule_toml
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.client.sources import first_sample_ids, source_index
 from support.train import WORKERS, Train, corpus_head
@@ -38,7 +38,7 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
 from packfeed.service.packed.writer import packed_dir_info, read_packed_dir
 from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.metrics import read_jsonl
+from packfeed.trainer.train_metrics import read_jsonl
 
 pytestmark = pytest.mark.integration
 

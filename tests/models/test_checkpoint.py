@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
-from packfeed.trainer.config import TrainConfig
+from packfeed.trainer.train_config import TrainConfig
 from packfeed.trainer.optim import build_optimizer
 from packfeed.trainer.tiny_models import tiny_config
 

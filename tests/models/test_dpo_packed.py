@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
-from packfeed.client.pairs import pair_segments, segment_logps  # noqa: E402
+from packfeed.client.pair_logps import pair_segments, segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows, select_rows  # noqa: E402
 from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
@@ -128,7 +128,7 @@ def test_policy_equal_to_reference_starts_at_ln2(family):
 
 
 def test_reference_is_the_initial_weights_or_the_named_model(tmp_path):
-    from packfeed.trainer.config import ModelConfig
+    from packfeed.trainer.train_config import ModelConfig
     from packfeed.trainer.dpo import build_reference
     from packfeed.trainer.model import build_model
 

@@ -17,9 +17,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("datasets")
 pytest.importorskip("trl")
 
-from packfeed.client.pairs import pair_segments  # noqa: E402
+from packfeed.client.pair_logps import pair_segments  # noqa: E402
 from packfeed.service.assets import demo_tokenizer_path  # noqa: E402
-from packfeed.trainer.config import ModelConfig  # noqa: E402
+from packfeed.trainer.train_config import ModelConfig  # noqa: E402
 from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402

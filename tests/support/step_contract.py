@@ -12,7 +12,7 @@ import torch
 from packfeed.client.rows import IGNORE_INDEX, select_rows
 from packfeed.service.delivery.assign import fill_batch, split_micro_batches, step_rows
 from packfeed.service.packing import assemble_rows, pack
-from packfeed.trainer.config import ModelConfig
+from packfeed.trainer.train_config import ModelConfig
 from packfeed.trainer.model import build_model
 from packfeed.trainer.step import token_loss_sum
 

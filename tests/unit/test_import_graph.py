@@ -321,6 +321,18 @@ def test_imports_flow_one_way(graph):
         map(str, wrong))
 
 
+def test_each_module_name_says_one_thing(graph):
+    """A module's file name is unique across the packages (``__init__`` aside): a reader who
+    meets ``pairs.py`` or ``config.py`` in a traceback or a grep knows which one it is."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in graph.modules.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(name)
+    shared = {file: sorted(names) for file, names in by_name.items() if len(names) > 1}
+    assert not shared, f"module names used in more than one package: {shared}"
+    assert len(by_name) > 100  # the modules were seen
+
+
 def test_packfeed_imports_inside_functions_are_listed(graph, capsys):
     """Not asserted yet: printed with ``-s``. An import of ours inside a function either loads a
     heavy library (the reason it is there) or should move to the top of its module."""

@@ -20,7 +20,7 @@ from packfeed.service.storage import (
     write_bytes_atomic,
 )
 from packfeed.service.storage import uri as uri_module
-from packfeed.service.storage.errors import DENIED, NO_BUCKET, NOT_FOUND, UNREACHABLE
+from packfeed.service.storage.store_errors import DENIED, NO_BUCKET, NOT_FOUND, UNREACHABLE
 
 pytestmark = pytest.mark.integration
 

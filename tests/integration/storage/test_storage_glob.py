@@ -3,7 +3,7 @@
 import pytest
 
 from packfeed.service.storage import COUNTERS, StorageError, expand, listing, match
-from packfeed.service.storage.errors import NO_BUCKET, NO_MATCH
+from packfeed.service.storage.store_errors import NO_BUCKET, NO_MATCH
 
 pytestmark = pytest.mark.integration
 

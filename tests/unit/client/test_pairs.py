@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from packfeed.client.offsets import offsets_of  # noqa: E402
-from packfeed.client.pairs import pair_logps, pair_segments, segment_logps  # noqa: E402
+from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
 
 X = IGNORE_INDEX

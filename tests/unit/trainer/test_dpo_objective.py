@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packfeed.trainer.config import RunConfig, TrainConfig  # noqa: E402
+from packfeed.trainer.train_config import RunConfig, TrainConfig  # noqa: E402
 from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
-from packfeed.trainer.metrics import MetricsWindow, progress_line, summarize  # noqa: E402
+from packfeed.trainer.train_metrics import MetricsWindow, progress_line, summarize  # noqa: E402
 
 
 def test_sft_stays_the_default_and_dpo_settings_round_trip():
@@ -87,9 +87,9 @@ def test_a_checkpoint_resumes_only_the_same_objective():
     from types import SimpleNamespace
 
     from packfeed.service.data.config import DataConfig
-    from packfeed.trainer.config import ModelConfig
+    from packfeed.trainer.train_config import ModelConfig
     from packfeed.trainer.resume import check_resume
-    from packfeed.trainer.state import TrainState
+    from packfeed.trainer.train_state import TrainState
 
     data = DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64)
     sft = RunConfig(data=data, model=ModelConfig(name="tiny-llama"))
@@ -119,7 +119,7 @@ def test_a_dpo_step_without_pairs_on_real_samples_is_refused():
 
 
 def test_the_closing_summary_shows_the_rewards_of_dpo_runs_only():
-    from packfeed.trainer.metrics import format_summary
+    from packfeed.trainer.train_metrics import format_summary
 
     dpo = format_summary({"steps": 3, "first_loss": 0.6931, "last_loss": 0.5, "last_reward_margin": 0.3,
                           "last_reward_accuracy": 0.7})
@@ -131,7 +131,7 @@ def test_the_bundled_dpo_config_reads_as_a_dpo_run(monkeypatch):
     import argparse
     from pathlib import Path
 
-    from packfeed.trainer.cli import add_arguments, run_config_from_args
+    from packfeed.trainer.train_command import add_arguments, run_config_from_args
 
     repo = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(repo)  # its paths are relative to the repository root

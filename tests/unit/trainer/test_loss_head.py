@@ -21,10 +21,10 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.client.pairs import segment_logps, segment_sums  # noqa: E402
+from packfeed.client.pair_logps import segment_logps, segment_sums  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, select_rows  # noqa: E402
 from packfeed.service.packing import assemble_rows, pack  # noqa: E402
-from packfeed.trainer.config import ModelConfig  # noqa: E402
+from packfeed.trainer.train_config import ModelConfig  # noqa: E402
 from packfeed.trainer.dpo import PAIR_KEYS, accumulate_dpo_gradients, batch_pair_logps, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402
 from packfeed.trainer.loss_head import (  # noqa: E402

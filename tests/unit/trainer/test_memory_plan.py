@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.memory_plan import (
     GB,
     HOST_SOURCE,
@@ -48,7 +48,7 @@ def nemo():
 def run_7b(*flags: str) -> RunConfig:
     """examples/train_7b_64k.toml with command-line flags, as `packfeed train` reads them."""
     from packfeed.service.cli import main  # noqa: F401  (the train subcommand is registered)
-    from packfeed.trainer.cli import add_arguments, run_config_from_args
+    from packfeed.trainer.train_command import add_arguments, run_config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

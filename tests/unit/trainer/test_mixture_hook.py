@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from packfeed.trainer.config import TrainConfig
+from packfeed.trainer.train_config import TrainConfig
 from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
 
 

@@ -16,7 +16,7 @@ from packfeed.trainer import run_dir
 from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
 from packfeed.trainer.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
 from packfeed.trainer.checkpoint import latest_checkpoint, local_copy, read_state
-from packfeed.trainer.metrics import append_jsonl, keep_records_until, read_jsonl
+from packfeed.trainer.train_metrics import append_jsonl, keep_records_until, read_jsonl
 
 
 def put(uri: str, data: bytes) -> None:

@@ -17,10 +17,10 @@ from support.streams import plain_rows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.trainer.checkpoint import STATE_FILE
-from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig
+from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig
 from packfeed.trainer.feeder import RowFeeder
 from packfeed.trainer.resume import finished, read_train_state
-from packfeed.trainer.state import TrainState
+from packfeed.trainer.train_state import TrainState
 
 # A checkpoint's trainer_state.json as the worker writes it (json.dumps(state, indent=1)), config cut short.
 GOLDEN = """{

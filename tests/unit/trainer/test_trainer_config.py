@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from packfeed.trainer.config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.optim import lr_factor
 
 
@@ -114,7 +114,7 @@ def test_lr_schedule_golden():
 
 def test_cli_flags_override_the_config_file(tmp_path):
     from packfeed.service.cli import main  # noqa: F401  (the train subcommand is registered)
-    from packfeed.trainer.cli import add_arguments, run_config_from_args
+    from packfeed.trainer.train_command import add_arguments, run_config_from_args
 
     config = tmp_path / "train.toml"
     config.write_text(
@@ -195,7 +195,7 @@ def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
 
     from packfeed.service.data.config import DataConfig
     from packfeed.trainer.resume import check_resume
-    from packfeed.trainer.state import TrainState
+    from packfeed.trainer.train_state import TrainState
 
     run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
     h = run.data.config_hash()

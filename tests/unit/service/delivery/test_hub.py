@@ -318,7 +318,7 @@ def test_a_consumer_ahead_of_the_reader_jumps_to_a_known_window(tmp_path):
 def test_a_consumer_ahead_of_the_reader_has_a_negative_lag_and_is_said_to_wait():
     """The lag (reader position - the consumer's first row) is negative while a consumer waits
     for rows not made yet: the status line must not call it "-40 rows behind"."""
-    from packfeed.service.delivery.serve import consumers_status
+    from packfeed.service.delivery.serve_run import consumers_status
 
     gate = threading.Event()  # holds the reader's first block back: nothing is produced yet
     stream = SyntheticStream(gate=gate)

@@ -1,5 +1,5 @@
 """SetMixture and the mixture checks of the gRPC servicer, in-process (a fake context, no socket),
-and the client's record of the changes (client/mixture.py, StreamState).
+and the client's record of the changes (client/mixture_record.py, StreamState).
 
 Checked: the ranks of one step get one change and the same answer; bad weights are
 INVALID_ARGUMENT and change nothing; a packed directory's stream refuses with a reason
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from packfeed.client.mixture import change_message, change_record, with_change
+from packfeed.client.mixture_record import change_message, change_record, with_change
 from packfeed.client.state import StreamState
 from packfeed.client.v1 import packfeed_pb2
 from packfeed.service.delivery.hub import RowHub
@@ -161,7 +161,7 @@ def test_the_recorded_changes_as_toml_are_the_servers_schedule(planned):  # noqa
     server applies (two changes at one position: one entry, the later's weights)."""
     import tomllib
 
-    from packfeed.client.mixture import schedule_toml
+    from packfeed.client.mixture_record import schedule_toml
     from packfeed.service.data.config import ScheduleEntry
 
     service = service_of(planned)

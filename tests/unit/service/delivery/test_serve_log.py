@@ -9,7 +9,7 @@ tests/integration/test_metrics.py).
 from __future__ import annotations
 
 import pytest
-from packfeed.service.delivery.serve import consumers_status, stopped_line
+from packfeed.service.delivery.serve_run import consumers_status, stopped_line
 
 
 @pytest.mark.parametrize("attached, max_lag, said", [

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PAIR_CHOSEN, PAIR_REJECTED, check_rows
 from packfeed.service.packing import OVERLONG_POLICIES, STRATEGIES, assemble_rows, check_packing, pack
-from packfeed.service.packing.pairs import fit_pairs
+from packfeed.service.packing.truncate_pairs import fit_pairs
 
 N = IGNORE_INDEX
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from packfeed.service.pipeline import pack, raycluster
+from packfeed.service.pipeline import pack_run as pack, raycluster
 from packfeed.service.pipeline.startup import StartupClock
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from packfeed.service.storage import COUNTERS, RetryPolicy, StorageError, set_policy
-from packfeed.service.storage.errors import DENIED, NO_BUCKET, NOT_FOUND
+from packfeed.service.storage.store_errors import DENIED, NO_BUCKET, NOT_FOUND
 from packfeed.service.storage.retry import call
 
 

@@ -4,7 +4,7 @@
                    [--num-workers N] [--output DIR] [--resume [auto] | --overwrite] [--address ADDR]
 
 The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pack``),
-``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.config``); the data flags
+``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.train_config``); the data flags
 of ``packfeed pack`` and the flags below override it. SIGTERM or SIGINT stop the run after a
 checkpoint (exit 143 / 130; ``packfeed.trainer.run``): continue it with ``--resume``.
 
@@ -87,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
     """RunConfig from the config file (``base``, read from --config when None) overridden by
     the flags given."""
-    from packfeed.trainer.config import RunConfig
+    from packfeed.trainer.train_config import RunConfig
 
     base = load_config_file(args.config) if base is None else base
     data = data_config_from_args(args, base)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from packfeed.service.pipeline import placement
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.trainer.config import TrainScaling
+from packfeed.trainer.train_config import TrainScaling
 
 
 @dataclass(frozen=True)
