@@ -17,7 +17,11 @@ the same run; figures are ratios to it.
 (3) ``packfeed pack`` end to end (``pipeline.pack_run.run_pack`` in this process, an embedded Ray
     started once for both, one packing actor per CPU): tokens/s (steady and overall), the
     whole run's requests and bytes (scan, probe and the packing actors' reads), and a check
-    that both outputs hold the same rows.
+    that both outputs hold the same rows. With ``--storm``, a third pack from S3 while the
+    proxy throttles (``FaultProxy.storm``: the first 4 of every 10 GETs of each object 503
+    SlowDown, every 5th GET dropped), under the default retry policy (2 minutes a request,
+    full-jitter backoff from 0.25 s): its seconds, retries, throttled answers and seconds spent
+    backing off, and its rows checked against the clean packs'.
 
 moto is a Python server and the proxy runs in this process: a request costs ~1-3 ms here, far
 less than a store's ~10-100 ms, so the times show the client's overhead, not a store's latency;
@@ -26,6 +30,7 @@ the counts are what a real store would see.
     .venv/bin/python bench/bench_storage.py             # ~45 s on 2 cores (64 MB, 9 windows)
     .venv/bin/python bench/bench_storage.py --quick     # ~30 s (4 MB; too few windows for a steady rate)
     .venv/bin/python bench/bench_storage.py --mb 128 --only pack     # 18 windows: a steadier rate
+    .venv/bin/python bench/bench_storage.py --quick --only pack --storm  # a pack through throttling
 """
 
 from __future__ import annotations
@@ -184,17 +189,24 @@ def read_bench(corpus: Corpus, proxy) -> None:
            "MiB read per window", "bytes read / input bytes", "JSONL: read / size", "Parquet: read / size"], rows)
 
 
-def pack_bench(corpus: Corpus, proxy, work: Path) -> None:
+STORM = "S3, throttled"
+
+
+def pack_bench(corpus: Corpus, proxy, work: Path, storm: bool = False) -> None:
     from packfeed.service.pipeline.pack_run import run_pack
     from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray
 
     print("\n" + init_ray())
     results = {}
+    runs = [("disk", corpus.local), ("S3", corpus.remote)] + ([(STORM, corpus.remote)] if storm else [])
     try:
-        for where, base in (("disk", corpus.local), ("S3", corpus.remote)):
-            out = work / f"out-{where.lower()}"
+        for where, base in runs:
+            out = work / f"out-{where.lower().replace(', ', '-')}"
             with Wire(proxy) as wire, contextlib.redirect_stdout(io.StringIO()):  # its report: the table says it
+                if where == STORM:
+                    proxy.storm(every=10, burst=4, drop_every=5)
                 stats = run_pack(data_config(base, corpus.window), out, overwrite=True, progress_seconds=3600)
+                proxy.calm()
             results[where] = (stats, wire, pq.read_table(out))
     finally:
         shutdown_ray()
@@ -207,7 +219,7 @@ def pack_bench(corpus: Corpus, proxy, work: Path) -> None:
         overall, ref_overall = stats["tokens"] / stats["seconds"], reference["tokens"] / reference["seconds"]
         _, bytes_out = wire.gets()
         windows = stats["windows"]
-        remote = where == "S3"
+        remote = where.startswith("S3")
         rows.append([where, f"{stats['tokens']:,}", f"{windows}", f"{steady:,.0f}" if steady else "-",
                      f"{steady / ref_steady:.2f}" if steady and ref_steady else "-", f"{overall:,.0f}",
                      f"{overall / ref_overall:.2f}", f"{stats['first_row_seconds']:.1f}", wire.by_method() or "-",
@@ -222,6 +234,29 @@ def pack_bench(corpus: Corpus, proxy, work: Path) -> None:
            "requests (proxy)", "requests per window", "MiB read per window", "bytes read / input bytes"], rows)
     if not same:
         raise SystemExit("the rows packed from disk and from S3 differ")
+    if storm:
+        storm_bench(results)
+
+
+def storm_bench(results: dict) -> None:
+    """The packs from S3, clean and throttled: what throttling cost, as the pack's stats count it."""
+    rows = []
+    for where in ("S3", STORM):
+        stats, wire, _ = results[where]
+        io_ = stats["storage"]
+        answered = [r for r in wire.requests if r.method == "GET" and not r.is_list]
+        rows.append([where, f"{stats['seconds']:.1f}", f"{stats['seconds'] / results['S3'][0]['seconds']:.2f}",
+                     f"{len(answered):,}", f"{sum(r.status == 503 for r in answered):,}",
+                     f"{sum(r.status == 0 for r in answered):,}", f"{io_['requests']:,}", f"{io_['retries']:,}",
+                     f"{io_.get('throttled', 0):,}", f"{io_['failures']:,}", f"{io_.get('backoff_ms', 0) / 1000:.1f}"])
+    same = results[STORM][2].equals(results["S3"][2])
+    table("(3b) the pack from S3 clean and in a storm (the first 4 of every 10 GETs of each object 503 SlowDown, "
+          "every 5th GET dropped), the default retry policy; proxy: GETs it saw, answered 503, dropped; the pack's "
+          f"stats: requests, retries, throttled, failed, seconds backing off (summed over threads). Same rows: {same}",
+          ["inputs", "seconds", "ratio", "GETs (proxy)", "503 (proxy)", "dropped (proxy)", "requests", "retries",
+           "throttled", "failed", "backoff s"], rows)
+    if not same:
+        raise SystemExit("the rows packed through throttling differ from the clean pack's")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=None, help="window_samples (default: packfeed's auto)")
     parser.add_argument("--only", choices=("scan", "read", "pack"), action="append",
                         help="run only these parts (repeatable)")
+    parser.add_argument("--storm", action="store_true", help="pack from S3 once more while the store throttles")
     args = parser.parse_args(argv)
     megabytes = 4.0 if args.quick else args.mb
     only = set(args.only or ("scan", "read", "pack"))
@@ -261,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "read" in only:
                     read_bench(corpus, proxy)
                 if "pack" in only:
-                    pack_bench(corpus, proxy, work)
+                    pack_bench(corpus, proxy, work, storm=args.storm)
             finally:
                 proxy.stop()
     finally:

@@ -130,6 +130,10 @@ def _storage_families(io: StorageCounts):
                    io.retries)
     yield _counter("storage_failures", "requests to object stores given up on", io.failures)
     yield _counter("storage_read_bytes", "bytes read from object stores", io.bytes_read)
+    yield _counter("storage_throttled", "answers of object stores that were throttling (503 SlowDown, 429); "
+                   "each also a retry, or the failure that ended its request", io.throttled)
+    yield _counter("storage_backoff_seconds", "seconds requests to object stores waited to be retried "
+                   "(summed over threads)", io.backoff_ms / 1000)
 
 
 def packing_totals(stream: Any) -> tuple[list[dict], float | None] | None:

@@ -4,8 +4,10 @@ uri.py resolves a URI to a pyarrow filesystem and a path; redact.py keeps creden
 every message; objects.py stats, lists a prefix, writes atomically and deletes by prefix;
 glob.py expands globs with one meaning on disk and on a store (a store listed once, through
 objects.py's listing); reads.py reads by byte range (coalesced, checked against the plan's
-version); retry.py retries transient failures of remote requests and counts requests, retries
-and bytes per process; errors.py makes every failure one line.
+version); retry.py retries transient failures of remote requests for a budget of time
+(backoff.py: the policy and its schedule; limiter.py: fewer requests in flight while a store
+throttles) and counts requests, retries, throttled answers and bytes per process;
+store_errors.py makes every failure one line.
 """
 
 from packfeed.service.storage.store_errors import StorageError

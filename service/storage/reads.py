@@ -14,6 +14,14 @@ object changed since (``objects.check_unchanged``), at no extra request: the ope
 answers it.
 
 Short reads follow ``pread``: a range past the end of the object gives the bytes up to it.
+
+A request asks for ``MIN_REQUEST`` bytes at least (4 KiB, where the object has them), and the
+range asked for is cut out of the answer: pyarrow writes a ranged GET's answer into a buffer
+of the range's size, so an error answering a shorter GET (a 503 SlowDown, a 403 AccessDenied:
+~150-500 bytes of XML) overflows it and its status is lost ("Failed to flush response
+stream"); measured on moto through the fault proxy, 200 bytes suffice for its bodies. With the
+status read, throttling is retried and slowed down for (retry.py), and a denied read fails on
+its first answer.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from packfeed.service.storage.uri import is_remote, scheme_of
 
 DEFAULT_MAX_GAP = 1 << 20
 DEFAULT_MAX_REQUEST = 64 << 20
+MIN_REQUEST = 4 << 10
 
 
 def read_range(uri: str, offset: int, length: int, *, expect: ObjectInfo | None = None) -> bytes:
@@ -54,14 +63,27 @@ def _read_open(uri: str, handle: pa.NativeFile, ranges: Sequence[tuple[int, int]
     out: list[bytes] = [b""] * len(ranges)
     remote = is_remote(uri)
     for start, end, members in coalesce_members(clamped, max_gap=max_gap, max_request=max_request):
-        data = call(display(uri), "read", lambda: handle.read_at(end - start, start), scheme=scheme_of(uri),
+        data = call(display(uri), "read", lambda: _read_at(handle, start, end, size, remote), scheme=scheme_of(uri),
                     remote=remote)
-        if remote:
-            COUNTERS.add(bytes_read=len(data))
         for i in members:
             offset, length = clamped[i]
             out[i] = data[offset - start:offset - start + length]
     return out
+
+
+def _read_at(handle: pa.NativeFile, start: int, end: int, size: int, remote: bool) -> bytes:
+    """Bytes ``[start, end)`` of an object of ``size`` bytes: on a store by a request of at
+    least ``MIN_REQUEST`` bytes around them (module docstring). The wire bytes are counted."""
+    if not remote or end - start >= MIN_REQUEST:
+        data = handle.read_at(end - start, start)
+        if remote:
+            COUNTERS.add(bytes_read=len(data))
+        return data
+    high = min(size, start + MIN_REQUEST)
+    low = max(0, high - MIN_REQUEST)
+    data = handle.read_at(high - low, low)
+    COUNTERS.add(bytes_read=len(data))
+    return data[start - low:end - low]
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], *, max_gap: int = DEFAULT_MAX_GAP,
@@ -123,8 +145,8 @@ class _RetryingReader:
         if end <= self._position:
             return b""
         start = self._position
-        data = call(display(self._uri), "read", lambda: self._handle.read_at(end - start, start), scheme=self._scheme)
-        COUNTERS.add(bytes_read=len(data))
+        data = call(display(self._uri), "read", lambda: _read_at(self._handle, start, end, self._size, True),
+                    scheme=self._scheme)
         self._position += len(data)
         return data
 

@@ -9,8 +9,9 @@ proxy of tests/support/s3.py:
   backoff (throttling waits ~1-5 s a retry: 5 SlowDowns in a row cost a LIST 21 s at
   ``max_attempts=6``). It does NOT retry a 503, 500 or 403 answering a ranged GET shorter than
   the error's XML body: the body overflows the read buffer, the status is lost and the call
-  fails at once with ``INTERNAL_FAILURE ... Failed to flush response stream``. Its retries are
-  invisible to the caller: nothing counts them.
+  fails at once with ``INTERNAL_FAILURE ... Failed to flush response stream`` (so reads.py asks
+  4 KiB at least: the status is read). Its retries are invisible to the caller: nothing counts
+  them.
 - So the filesystem ``resolve()`` hands out (for direct use: Parquet writers, Ray Train's
   storage) keeps pyarrow's strategy at ``max_attempts=6``, the only protection those calls
   have. The functions of this package (listing, stat, reads, writes, deletes) run on a twin
@@ -27,18 +28,20 @@ proxy of tests/support/s3.py:
   pyarrow's docstring says; measured: a server that never answers fails a HEAD in 3.0 s at
   ``request_timeout=3``).
 
-Transient failures (``errors.TRANSIENT``: throttling, 5xx, a lost connection, a timeout) are
-retried up to ``num_attempts`` times in all, so any request survives ``num_attempts - 1``
-failures in a row (default 6: five). A failure to connect at all (refused, unknown host) is
-retried up to ``num_connect_attempts`` times: a wrong endpoint fails in about a second, not
-after the full backoff. Anything else (no such key, denied, a missing bucket) is raised at
-once. Backoff: exponential with equal jitter, ``d = min(max_delay_s, base_delay_s * 2**k)``,
-sleep uniform in ``[d/2, d]``: with the defaults ~0.2, 0.4, 0.8, 1.5, 3 s, ~6 s before the
-sixth attempt.
+Transient failures (``store_errors.TRANSIENT``: throttling, 5xx, a lost connection, a
+timeout) are retried for a budget of time (backoff.py: ``RetryPolicy.budget_s``, 2 minutes by
+default, ``$PACKFEED_STORAGE_RETRY_S``), with capped exponential backoff and full jitter. A
+failure to connect at all (refused, unknown host) is retried up to ``num_connect_attempts``
+times: a wrong endpoint fails in about a second, not after the budget. Anything else (no such
+key, denied, a missing bucket) is raised at once, on the first answer. While a store throttles,
+the process sends it fewer requests at once (limiter.py: halved on a SlowDown, one more per
+success). Every attempt is a request in the counts, every retry a retry, every SlowDown answer
+``throttled``, the time waited to retry ``backoff_ms``.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -46,7 +49,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Iterator, TypeVar
 
-from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, UNREACHABLE, StorageError, classify, problem
+from packfeed.service.storage.backoff import RETRY_ENV, RetryPolicy, policy_from_env
+from packfeed.service.storage.limiter import FAILED, SLOW_DOWN, SUCCEEDED, limiter_for
+from packfeed.service.storage.store_errors import (
+    NO_BUCKET, NOT_FOUND, THROTTLED, UNREACHABLE, StorageError, classify, problem,
+)
 
 # A request answered "no such object" (or bucket) got its answer: not a failure. Most are asked
 # on purpose: whether an output holds a kept scan, a files.json, a config.json (a clean pack to
@@ -56,38 +63,27 @@ ANSWERS = frozenset({NOT_FOUND, NO_BUCKET})
 
 T = TypeVar("T")
 
-
-@dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
-    num_attempts: int = 6
-    num_connect_attempts: int = 3
-    base_delay_s: float = 0.25
-    max_delay_s: float = 8.0
-
-    def __post_init__(self) -> None:
-        if self.num_attempts < 1 or self.num_connect_attempts < 1:
-            raise ValueError(f"retry policy: num_attempts ({self.num_attempts}) and num_connect_attempts "
-                             f"({self.num_connect_attempts}) must be at least 1")
-        if not 0 <= self.base_delay_s <= self.max_delay_s:
-            raise ValueError(f"retry policy: need 0 <= base_delay_s ({self.base_delay_s}) <= max_delay_s "
-                             f"({self.max_delay_s})")
-
-    def delay_s(self, retry: int, rng: random.Random) -> float:
-        """Seconds to wait before retry number ``retry`` (1 for the first)."""
-        d = min(self.max_delay_s, self.base_delay_s * 2 ** (retry - 1))
-        return d / 2 + rng.uniform(0, d / 2)
-
-
-_policy = RetryPolicy()
+_policy: RetryPolicy | None = None  # set_policy's; None: the default, with $PACKFEED_STORAGE_RETRY_S
+_env_policy: tuple[str | None, RetryPolicy] = (None, RetryPolicy())
 _rng = random.Random()
+_clock: Callable[[], float] = time.monotonic  # the unit tests replace both: no real waiting
+_sleep: Callable[[float], None] = time.sleep
 
 
 def current_policy() -> RetryPolicy:
-    return _policy
+    """``set_policy``'s policy, else the default with ``$PACKFEED_STORAGE_RETRY_S``'s budget."""
+    global _env_policy
+    if _policy is not None:
+        return _policy
+    text = os.environ.get(RETRY_ENV)
+    if text != _env_policy[0]:
+        _env_policy = (text, policy_from_env({RETRY_ENV: text} if text is not None else {}))
+    return _env_policy[1]
 
 
-def set_policy(policy: RetryPolicy) -> RetryPolicy:
-    """Make ``policy`` this process's policy; returns the one it replaces."""
+def set_policy(policy: RetryPolicy | None) -> RetryPolicy | None:
+    """Make ``policy`` this process's policy (None: the default again); returns the one it
+    replaces, for a later ``set_policy`` to put back."""
     global _policy
     previous, _policy = _policy, policy
     return previous
@@ -96,15 +92,19 @@ def set_policy(policy: RetryPolicy) -> RetryPolicy:
 @dataclass(frozen=True)
 class StorageCounts:
     """Requests to remote stores (attempts, each retry one more), retries among them, requests
-    that failed (given up on: retries spent, denied, an error that is no answer; an object or
-    bucket that does not exist is an answer, ``ANSWERS``), and body bytes moved. Local files
-    are not counted."""
+    that failed (given up on: the retry budget spent, denied, an error that is no answer; an
+    object or bucket that does not exist is an answer, ``ANSWERS``), body bytes moved, answers
+    that were throttling (503 SlowDown, 429: each also a retry, or the failure that ended its
+    request) and the milliseconds spent waiting to retry (summed over threads). Local files are
+    not counted."""
 
     requests: int = 0
     retries: int = 0
     failures: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    throttled: int = 0
+    backoff_ms: int = 0
 
     def __add__(self, other: "StorageCounts") -> "StorageCounts":
         return StorageCounts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
@@ -163,25 +163,81 @@ COUNTERS = StorageCounters()
 def call(shown_uri: str, what: str, fn: Callable[[], T], *, scheme: str, remote: bool = True) -> T:
     """``fn()`` (one request on ``shown_uri``, a ``display``-ed URI) under the process's policy.
 
-    A transient failure is retried; any failure that ends the call raises ``StorageError``,
-    one line naming the URI, and counts as failed unless the store answered that the object
-    or bucket does not exist (``ANSWERS``). ``what`` names the request in that line ("read", "list").
-    A local call (``remote=False``) is tried once and not counted."""
-    policy = _policy
-    attempt = 0
-    while True:
-        attempt += 1
-        if remote:
-            COUNTERS.add(requests=1)
+    A transient failure is retried (module docstring) while the budget lasts, each attempt in a
+    slot of the store's limiter; any failure that ends the call raises ``StorageError``, one
+    line naming the URI, and counts as failed unless the store answered that the object or
+    bucket does not exist (``ANSWERS``). ``what`` names the request in that line ("read",
+    "list"). A local call (``remote=False``) is tried once and not counted."""
+    if not remote:
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - every backend raises its own types; classify sorts them
             failure = classify(exc)
-            limit = policy.num_connect_attempts if failure.kind == UNREACHABLE else policy.num_attempts
-            if not (remote and failure.transient and attempt < limit):
-                if remote and failure.kind not in ANSWERS:
-                    COUNTERS.add(failures=1)
-                raise StorageError(shown_uri, problem(failure, what=what, scheme=scheme, num_attempts=attempt),
-                                   kind=failure.kind) from None
-            COUNTERS.add(retries=1)
-            time.sleep(policy.delay_s(attempt, _rng))
+            raise StorageError(shown_uri, problem(failure, what=what, scheme=scheme, num_attempts=1),
+                               kind=failure.kind) from None
+    policy = current_policy()
+    limiter = limiter_for(shown_uri, policy.max_in_flight)
+    # a request made inside another of this thread (none today) takes no slot: at a limit of 1
+    # it would wait for the slot its own thread holds
+    limiter = None if limiter in _inside.__dict__.setdefault("limiters", []) else limiter
+    attempt, started, failure = 0, None, None
+    while True:
+        # the first attempt waits for a slot as long as it takes (the requests holding them end
+        # within their timeouts); a retry waits within its budget
+        token = _acquire(limiter, None if started is None else max(0.0, policy.budget_s - (_clock() - started)))
+        if token is None:  # the budget ran out waiting for a slot: the last failure ends the call
+            _give_up(shown_uri, what, scheme, failure, attempt, _clock() - started, policy)
+        attempt += 1
+        if started is None:
+            started = _clock()
+        COUNTERS.add(requests=1)
+        outcome = FAILED  # also when fn() raises what is no Exception (an interrupt): the slot goes back
+        try:
+            result = fn()
+            outcome = SUCCEEDED
+        except Exception as exc:  # noqa: BLE001 - as above
+            failure = classify(exc)
+            outcome = SLOW_DOWN if failure.kind == THROTTLED else FAILED
+        finally:
+            _release(limiter, token, outcome)
+        if outcome == SUCCEEDED:
+            return result
+        if failure.kind == THROTTLED:
+            COUNTERS.add(throttled=1)
+        elapsed = _clock() - started
+        wait = None
+        if failure.transient and (failure.kind != UNREACHABLE or attempt < policy.num_connect_attempts):
+            wait = policy.wait_s(attempt, elapsed, _rng)
+        if wait is None:
+            _give_up(shown_uri, what, scheme, failure, attempt, elapsed, policy)
+        COUNTERS.add(retries=1, backoff_ms=round(wait * 1000))
+        _sleep(wait)
+
+
+_inside = threading.local()  # .limiters: those whose slot this thread holds now
+
+
+def _acquire(limiter, timeout_s: float | None) -> int | None:
+    if limiter is None:
+        return 0
+    token = limiter.acquire(timeout_s)
+    if token is not None:
+        _inside.limiters.append(limiter)
+    return token
+
+
+def _release(limiter, token: int, outcome: str) -> None:
+    if limiter is not None:
+        _inside.limiters.remove(limiter)
+        limiter.release(token, outcome)
+
+
+def _give_up(shown_uri: str, what: str, scheme: str, failure, attempts: int, elapsed_s: float,
+             policy: RetryPolicy):
+    if failure.kind not in ANSWERS:
+        COUNTERS.add(failures=1)
+    spent = failure.transient and failure.kind != UNREACHABLE
+    raise StorageError(shown_uri, problem(failure, what=what, scheme=scheme, num_attempts=attempts,
+                                          seconds=elapsed_s if spent else None,
+                                          budget_s=policy.budget_s if spent else None),
+                       kind=failure.kind) from None

@@ -3,7 +3,7 @@
 Every failure of a storage call ends as a ``StorageError`` (a ``ValueError``: a user error,
 exit 2, see service/errors.py) whose message is ``<uri>: <problem>``, one line, the URI shown
 by ``display`` (no credentials). ``classify`` sorts the exceptions the backends raise into
-kinds; the retry policy (retry.py) retries the transient ones.
+kinds; retry.py retries the transient ones.
 
 The exceptions differ by backend. pyarrow's S3 filesystem raises ``OSError("... AWS Error
 <CODE> during <Operation> operation: ...")`` with the SDK's error code, or
@@ -68,6 +68,7 @@ class Failure:
 # SDK error codes (pyarrow: "AWS Error <CODE> during ...") by kind. INTERNAL_FAILURE is what
 # pyarrow reports when a GET's error body (SlowDown XML, AccessDenied XML) does not fit the
 # buffer of a short ranged read: it hides the status, so it is taken as a transient server error.
+# reads.py asks 4 KiB at least a request so that this is rare (an object smaller than the body).
 _AWS_CODES = {
     "SLOW_DOWN": THROTTLED, "THROTTLING": THROTTLED, "REQUEST_LIMIT_EXCEEDED": THROTTLED,
     "SERVICE_UNAVAILABLE": THROTTLED,
@@ -175,8 +176,10 @@ _CREDENTIALS_HINT = {
 _ENDPOINT_HINT = {"s3": "AWS_ENDPOINT_URL"}
 
 
-def problem(failure: Failure, *, what: str, scheme: str, num_attempts: int) -> str:
-    """The text after ``<uri>: `` for a failure that ends a call."""
+def problem(failure: Failure, *, what: str, scheme: str, num_attempts: int, seconds: float | None = None,
+            budget_s: float | None = None) -> str:
+    """The text after ``<uri>: `` for a failure that ends a call (``seconds``, ``budget_s``: the
+    time it retried and its budget, when the budget ended it)."""
     if failure.kind == NOT_FOUND:
         return "no such object"
     if failure.kind == NO_BUCKET:
@@ -188,6 +191,9 @@ def problem(failure: Failure, *, what: str, scheme: str, num_attempts: int) -> s
         endpoint = _ENDPOINT_HINT.get(scheme)
         return (f"cannot reach the store after {num_attempts} attempt(s) ({failure.detail}); check the endpoint"
                 + (f" ({endpoint})" if endpoint else "") + " and the network")
+    if failure.transient and seconds is not None and budget_s is not None:
+        return (f"{what} failed {num_attempts} times in a row over {seconds:.1f} s, giving up: the retry budget is "
+                f"{budget_s:g} s (PACKFEED_STORAGE_RETRY_S) ({failure.detail})")
     if failure.transient:
         return f"{what} failed {num_attempts} times in a row, giving up ({failure.detail})"
     return f"{what} failed ({failure.detail})"

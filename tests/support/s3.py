@@ -10,9 +10,14 @@ under test.
 It records every request (method, bucket/key, query, status, bytes each way) and can be told
 to answer the next N matching requests itself: ``503`` (S3's SlowDown XML), ``500``
 (InternalError), ``403`` (AccessDenied), ``drop`` (read the request, then reset the
-connection without a reply) or ``stall`` (read the request, send nothing for ``STALL_S``
+connection without a reply: curl resends it once by itself on a kept-alive connection), ``cut``
+(forward it, send the status, the headers and half the body, then close: nothing resends it) or
+``stall`` (read the request, send nothing for ``STALL_S``
 seconds, then reset). A LIST is a GET on a bucket with a ``list-type`` or ``prefix``
-query.
+query. ``storm`` throttles until told otherwise, as a store under load does: bursts of 503
+SlowDown on every object (the first 4 of every 10 GETs of a key) and every 5th GET's connection
+dropped (before the answer and within it, by turns); the proxy records each request's ``Range`` and
+the most requests one key had in flight at once.
 
 Fixtures (import them into a conftest: ``from support.s3 import s3, s3_faulty, ...``):
 ``s3_server`` and ``s3_proxy`` are session-scoped (one server, one proxy per conftest
@@ -49,7 +54,7 @@ _ERROR_BODIES = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "403": (403, "Forbidden", "AccessDenied", "Access Denied"),
 }
-FAULT_MODES = (*_ERROR_BODIES, "drop", "stall")
+FAULT_MODES = (*_ERROR_BODIES, "drop", "cut", "stall")
 STALL_S = 5.0  # a stalled request is held this long, then its connection reset
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te", "trailer"}
 
@@ -173,6 +178,7 @@ class Request:
     status: int
     bytes_in: int  # request body
     bytes_out: int  # response body
+    range: str = ""  # the Range header, if any
 
     @property
     def is_list(self) -> bool:
@@ -191,6 +197,30 @@ class _Fault:
     matches: Callable[[str, str, str, str], bool]  # (method, bucket, key, query)
 
 
+@dataclass
+class _Storm:
+    """Of the requests of ``method`` on an object: the first ``burst`` of every ``every`` on one
+    key answered 503 SlowDown; every ``drop_every``-th of them all (0: none) dropped, ``drop`` and
+    ``cut`` by turns. ``seen``: how many of each key so far; ``total``: of them all."""
+
+    method: str
+    every: int
+    burst: int
+    drop_every: int
+    seen: dict[str, int]
+    total: int = 0
+
+    def take(self, method: str, key: str) -> str | None:
+        if method != self.method:
+            return None
+        self.total += 1
+        n = self.seen.get(key, 0)
+        self.seen[key] = n + 1
+        if self.drop_every and self.total % self.drop_every == 0:
+            return ("drop", "cut")[self.total // self.drop_every % 2]
+        return "503" if n % self.every < self.burst else None
+
+
 class FaultProxy:
     """A counting, fault-injecting HTTP proxy on 127.0.0.1 in front of ``upstream_port``."""
 
@@ -200,6 +230,9 @@ class FaultProxy:
         self._requests: list[Request] = []
         self._last_request_at = time.monotonic()
         self._faults: list[_Fault] = []
+        self._storm: _Storm | None = None
+        self._in_flight: dict[str, int] = {}
+        self.peak_in_flight_per_key = 0  # the most requests on one key the proxy held at once
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -223,6 +256,8 @@ class FaultProxy:
         with self._lock:
             self._requests.clear()
             self._faults.clear()
+            self._storm = None
+            self.peak_in_flight_per_key = 0
 
     def wait_quiet(self, quiet_s: float = 1.0, timeout_s: float = 30.0) -> None:
         """Wait until no request has been answered for ``quiet_s``: requests a killed process
@@ -249,6 +284,21 @@ class FaultProxy:
 
         with self._lock:
             self._faults.append(_Fault(mode, n, matches))
+
+    def storm(self, *, every: int = 10, burst: int = 4, drop_every: int = 5, method: str = "GET") -> None:
+        """Until ``reset`` (or ``calm``): of the requests of ``method`` on objects, the first
+        ``burst`` of every ``every`` on each key answered 503 SlowDown, and every
+        ``drop_every``-th of them all (0: none) dropped, before its answer and within it by turns
+        (``drop``, ``cut``). A ``fail_next`` fault pending for a request is answered first."""
+        if not 0 <= burst <= every or drop_every < 0:
+            raise ValueError(f"storm: need 0 <= burst ({burst}) <= every ({every}) and drop_every >= 0")
+        with self._lock:
+            self._storm = _Storm(method, every, burst, drop_every, {})
+
+    def calm(self) -> None:
+        """End the ``storm`` (what was recorded stays)."""
+        with self._lock:
+            self._storm = None
 
     def pending_faults(self) -> int:
         with self._lock:
@@ -278,7 +328,19 @@ class FaultProxy:
                 if fault.remaining > 0 and fault.matches(method, bucket, key, query):
                     fault.remaining -= 1
                     return fault.mode
+            if self._storm is not None and key:  # an object's request, not a bucket's (a LIST)
+                return self._storm.take(method, f"{bucket}/{key}")
         return None
+
+    def _enter(self, bucket: str, key: str) -> None:
+        with self._lock:
+            n = self._in_flight[f"{bucket}/{key}"] = self._in_flight.get(f"{bucket}/{key}", 0) + 1
+            if key:
+                self.peak_in_flight_per_key = max(self.peak_in_flight_per_key, n)
+
+    def _leave(self, bucket: str, key: str) -> None:
+        with self._lock:
+            self._in_flight[f"{bucket}/{key}"] -= 1
 
     def _record(self, request: Request) -> None:
         with self._lock:
@@ -325,10 +387,18 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _handle(self) -> None:
             bucket, key, query = _split_target(self.path)
+            proxy._enter(bucket, key)
+            try:
+                self._answer(bucket, key, query)
+            finally:
+                proxy._leave(bucket, key)
+
+        def _answer(self, bucket: str, key: str, query: str) -> None:
             body = self._body()
+            asked = self.headers.get("Range", "")
             mode = proxy._take_fault(self.command, bucket, key, query)
             if mode in ("drop", "stall"):
-                proxy._record(Request(self.command, bucket, key, query, 0, len(body), 0))
+                proxy._record(Request(self.command, bucket, key, query, 0, len(body), 0, asked))
                 if mode == "stall":
                     time.sleep(STALL_S)
                 # RST instead of FIN: the client sees "connection reset by peer"
@@ -336,12 +406,26 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.close()
                 return
+            if mode == "cut":
+                status, headers, payload = self._forward(body)
+                proxy._record(Request(self.command, bucket, key, query, 0, len(body), len(payload) // 2, asked))
+                self.send_response(status)
+                for name, value in headers:
+                    if name.lower() not in _HOP_BY_HOP:
+                        self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload[:len(payload) // 2])
+                self.wfile.flush()
+                # a FIN after the part sent (an RST could discard it unsent): the client has an answer cut short
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_WR)
+                return
             if mode is not None:
                 status, reason, code, message = _ERROR_BODIES[mode]
                 payload = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
                            f"<Message>{message}</Message><RequestId>fault-proxy</RequestId></Error>").encode()
                 # recorded before the answer: a client that has its answer finds it recorded
-                proxy._record(Request(self.command, bucket, key, query, status, len(body), len(payload)))
+                proxy._record(Request(self.command, bucket, key, query, status, len(body), len(payload), asked))
                 self.send_response(status, reason)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(payload)))
@@ -351,7 +435,7 @@ def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 return
             status, headers, payload = self._forward(body)
             proxy._record(Request(self.command, bucket, key, query, status, len(body),
-                                  0 if self.command == "HEAD" else len(payload)))
+                                  0 if self.command == "HEAD" else len(payload), asked))
             self.send_response(status)
             for name, value in headers:
                 if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":

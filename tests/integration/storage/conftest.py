@@ -10,7 +10,7 @@ from support.s3 import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtur
 
 from packfeed.service.storage import RetryPolicy, set_policy
 
-FAST = RetryPolicy(num_attempts=6, num_connect_attempts=3, base_delay_s=0.005, max_delay_s=0.05)
+FAST = RetryPolicy(budget_s=2.0, num_connect_attempts=3, base_delay_s=0.005, max_delay_s=0.05)
 
 
 @pytest.fixture(autouse=True)

@@ -10,12 +10,14 @@ from support.s3 import free_port
 
 from packfeed.service.storage import (
     COUNTERS,
+    RetryPolicy,
     StorageError,
     expand,
     read_bytes,
     read_range,
     read_ranges,
     resolve,
+    set_policy,
     stat,
     write_bytes_atomic,
 )
@@ -42,17 +44,20 @@ TRANSIENT = ["503", "500", "drop"]
 
 @pytest.mark.parametrize("mode", TRANSIENT)
 @pytest.mark.parametrize("length", [10, 50_000], ids=["short-read", "long-read"])
-def test_a_read_survives_four_failures_in_a_row(obj, s3_proxy, mode, length):
+def test_a_read_survives_nine_failures_in_a_row(obj, s3_proxy, mode, length):
+    """More than the old policy's 6 attempts: a budget of time (2 s here) outlasts them."""
     key = "d/a.bin"
-    s3_proxy.fail_next(4, mode, method="GET", key=key)
+    s3_proxy.fail_next(9, mode, method="GET", key=key)
     before = COUNTERS.snapshot()
     assert read_range(f"s3://{obj}/{key}", 123, length) == DATA[123:123 + length]
     delta = COUNTERS.snapshot() - before
-    assert s3_proxy.pending_faults() == 0 and s3_proxy.count("GET") == 5
+    assert s3_proxy.pending_faults() == 0 and s3_proxy.count("GET") == 10
     # curl itself resends a request once, uncounted, when a kept-alive connection dies before
     # any answer: the first drop (the GET reuses the HEAD's connection) never reaches us
-    retried_here = 3 if mode == "drop" else 4
+    retried_here = 8 if mode == "drop" else 9
     assert (delta.retries, delta.requests, delta.failures) == (retried_here, 2 + retried_here, 0)
+    # a 503 is throttling whatever the read's length (a short one asks 4 KiB: its status is read)
+    assert delta.throttled == (9 if mode == "503" else 0)
 
 
 @pytest.mark.parametrize("mode", TRANSIENT)
@@ -95,16 +100,27 @@ def test_a_stalled_request_times_out_and_is_retried(obj, s3_proxy, monkeypatch):
     assert time.monotonic() - started < 4  # the stall holds the request 5 s: the client gave up first
 
 
-def test_giving_up_after_the_policy_attempts(obj, s3_proxy, fast_retries):
-    s3_proxy.fail_next(fast_retries.num_attempts, "503", method="GET")
-    before = COUNTERS.snapshot()
-    with pytest.raises(StorageError) as error:
-        read_range(f"s3://{obj}/d/a.bin", 0, 50_000)
+def test_giving_up_when_the_retry_budget_is_spent(obj, s3_proxy):
+    """A store that throttles every GET: the read retries for its budget (0.4 s here), then
+    fails, one line saying how long it tried and which setting gives more."""
+    previous = set_policy(RetryPolicy(budget_s=0.4, base_delay_s=0.005, max_delay_s=0.05))
+    try:
+        s3_proxy.fail_next(10_000, "503", method="GET")
+        before, started = COUNTERS.snapshot(), time.monotonic()
+        with pytest.raises(StorageError) as error:
+            read_range(f"s3://{obj}/d/a.bin", 0, 50_000)
+        elapsed = time.monotonic() - started
+    finally:
+        set_policy(previous)
     message = str(error.value)
-    assert message.startswith(f"s3://{obj}/d/a.bin: read failed 6 times in a row, giving up (")
+    gets = s3_proxy.count("GET")
+    assert message.startswith(f"s3://{obj}/d/a.bin: read failed {gets} times in a row over 0.4 s, giving up: "
+                              "the retry budget is 0.4 s (PACKFEED_STORAGE_RETRY_S) ("), message
     assert re.search(r"SLOW_DOWN|SERVICE_UNAVAILABLE", message) and "\n" not in message and SECRET not in message
     delta = COUNTERS.snapshot() - before
-    assert (delta.retries, delta.failures) == (5, 1) and s3_proxy.count("GET") == 6
+    assert gets > 6 and 0.4 <= elapsed < 1.5  # far past the old 6 attempts: time, not a count, ends it
+    assert (delta.retries, delta.throttled, delta.failures) == (gets - 1, gets, 1)
+    assert 0 < delta.backoff_ms <= 400
 
 
 def test_the_filesystem_handed_out_retries_inside_pyarrow(obj, s3_proxy):
@@ -134,6 +150,9 @@ def test_permanent_failures_are_one_line_at_once(obj, s3_proxy):
         ("denied read", lambda: read_range(f"s3://{obj}/d/a.bin", 0, 10), DENIED,
          f"s3://{obj}/d/a.bin: access denied (", ("HEAD", "403")),
         ("denied listing", lambda: expand(f"s3://{obj}/d/*"), DENIED, f"s3://{obj}/d/*: access denied (", ("LIST", "403")),
+        # a 10-byte GET asks 4 KiB (reads.py): the 403's body fits, so it is read as denied, not retried
+        ("denied short ranged read", lambda: read_range(f"s3://{obj}/d/a.bin", 5, 10), DENIED,
+         f"s3://{obj}/d/a.bin: access denied (", ("GET", "403")),
         ("credentials in the URI", lambda: stat(f"s3://AKIAEXAMPLE:{SECRET}@{obj}/d/nope"), NOT_FOUND,
          f"s3://{obj}/d/nope: no such object", None),
     ]

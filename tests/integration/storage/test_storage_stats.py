@@ -19,7 +19,8 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.metrics import _storage_families, storage_counts
 from packfeed.service.pipeline.stats import new_run_stats
-from packfeed.service.pipeline.stats import RunStats, WindowStats, format_summary
+from packfeed.service.pipeline.stats import RunStats, WindowStats
+from packfeed.service.pipeline.summary import format_summary
 from packfeed.service.pipeline.window import process_window
 from packfeed.service.tokenize.samples import load_tokenizer
 
@@ -58,16 +59,19 @@ def test_a_windows_requests_and_retries_are_its_stats(corpus_uri, s3_proxy, fail
     assert totals["retries"] == failures * plan.num_windows
     assert totals["requests"] == plan.scan_storage.requests + window_requests
     summary = format_summary(stats.to_dict(seq_len=config.seq_len, seconds=1.0))
-    assert f"{totals['requests']:,} requests ({totals['retries']:,} retried, 0 failed)" in summary
+    assert f"{totals['requests']:,} requests ({totals['retries']:,} retried, 0 failed" in summary
+    assert totals["throttled"] == failures * plan.num_windows  # each of the 503s
 
 
 def test_the_metrics_export_the_streams_storage_counts():
     class Stream:  # a pipeline stream's RunStats, as metrics.storage_counts reads it
         stats = RunStats(["web"], [1], storage=storage.StorageCounts(requests=7, retries=2, failures=1,
-                                                                     bytes_read=1234))
+                                                                     bytes_read=1234, throttled=2, backoff_ms=1500))
 
     families = {f.name: f for f in _storage_families(storage_counts(Stream()))}
     assert all(isinstance(f, CounterMetricFamily) for f in families.values())
     got = {name: f.samples[0].value for name, f in families.items()}
-    assert got == {"packfeed_storage_requests": 7, "packfeed_storage_retries": 2, "packfeed_storage_failures": 1,
-                   "packfeed_storage_read_bytes": 1234}
+    expected = {"packfeed_storage_requests": 7, "packfeed_storage_retries": 2, "packfeed_storage_failures": 1,
+                "packfeed_storage_read_bytes": 1234, "packfeed_storage_throttled": 2,
+                "packfeed_storage_backoff_seconds": 1.5}
+    assert got == expected

@@ -13,14 +13,16 @@ from packfeed.service.storage.retry import call
 
 
 @pytest.fixture(autouse=True)
-def no_backoff():
-    previous = set_policy(RetryPolicy(num_attempts=3, base_delay_s=0.0, max_delay_s=0.0))
-    yield
+def no_backoff(fake_time):
+    previous = set_policy(RetryPolicy(budget_s=2.5, base_delay_s=0.0, max_delay_s=0.0))
+    yield fake_time
     set_policy(previous)
 
 
-def raising(exc: BaseException):
+def raising(exc: BaseException, clock=None):
     def fn():
+        if clock is not None:
+            clock.spend(1.0)  # a request takes a second
         raise exc
     return fn
 
@@ -40,9 +42,9 @@ def test_what_counts_as_a_failed_request(exc, kind, failures):
     assert (delta.requests, delta.retries, delta.failures) == (1, 0, failures)
 
 
-def test_retries_spent_are_a_failure():
+def test_retries_spent_are_a_failure(no_backoff):
     before = COUNTERS.snapshot()
-    with pytest.raises(StorageError):
-        call("s3://b/k", "read", raising(ConnectionResetError("reset")), scheme="s3")
+    with pytest.raises(StorageError):  # attempts at 0, 1 and 2 s of a 2.5 s budget
+        call("s3://b/k", "read", raising(ConnectionResetError("reset"), no_backoff), scheme="s3")
     delta = COUNTERS.snapshot() - before
     assert (delta.requests, delta.retries, delta.failures) == (3, 2, 1)
