@@ -17,6 +17,8 @@ import json
 import math
 from typing import Any, Iterable, Mapping
 
+from packfeed.client.v1 import packfeed_pb2
+
 CHANGE_FIELDS = ("step", "from_sample", "window", "weights")
 
 
@@ -44,8 +46,6 @@ def check_change(record: Any) -> dict[str, Any]:
 
 def change_message(record: Mapping[str, Any], schedule_index: int = 0) -> Any:
     """The ``packfeed.v1.MixtureChange`` message of a record."""
-    from packfeed.client.v1 import packfeed_pb2
-
     return packfeed_pb2.MixtureChange(step=record["step"], from_sample=record["from_sample"], window=record["window"],
                                       weights=dict(record["weights"]), schedule_index=schedule_index)
 
@@ -66,11 +66,14 @@ def with_change(changes: tuple[dict, ...], record: Mapping[str, Any]) -> tuple[d
 def schedule_toml(changes: Iterable[Mapping[str, Any]]) -> str:
     """The changes as ``[[data.schedule]]`` entries (TOML), to add to the served data config:
     ``packfeed pack --config`` then packs the served stream. Two changes at the same position
-    are one entry, the later's weights (as the server applies them); with entries of its own,
-    the config's list must stay in increasing ``from_sample``."""
+    are one entry, the later's weights, and a change drops the earlier ones that start after it
+    (as the server applies them); with entries of its own, the config's list must stay in
+    increasing ``from_sample``."""
     at: dict[int, Mapping[str, Any]] = {}
     for change in changes:
-        at[int(change["from_sample"])] = change
+        start = int(change["from_sample"])
+        at = {k: c for k, c in at.items() if k < start}
+        at[start] = change
     entries = []
     for change in (at[k] for k in sorted(at)):
         weights = ", ".join(f"{json.dumps(name)} = {float(w)!r}" for name, w in change["weights"].items())

@@ -21,8 +21,9 @@ SIGTERM, a dropped connection) it reconnects with exponential backoff and resume
 cursor of the last batch it received; it gives up after ``retry_timeout_s`` without progress.
 The ``packfeed.client`` logger warns when retrying starts (with the status the server gave)
 and again once the stream is back (after how long, from which cursor).
-``set_mixture(weights)`` changes the server's mixture from the first window it has not planned
-yet (on every rank at the same step: one change); ``state_dict()`` records it for the resume.
+``set_mixture(weights)`` changes the server's mixture from the first window at or after this
+rank's cursor (on every rank at the same step: one change), dropping what was read ahead;
+``state_dict()`` records it for the resume.
 Errors that retrying cannot fix (bad token, bad request, another data config) are raised to
 the caller as ``StreamError`` with the server's status code and message.
 
@@ -57,7 +58,10 @@ from packfeed.client.transport import (
     resolve_token,
 )
 from packfeed.client.v1 import packfeed_pb2
+from packfeed.client.stream_info import SourceInfo, StreamInfo, stream_info
 from packfeed.client.wire import WIRE_VERSION, DecodedBatch, decode_batch_bytes
+
+__all__ = ["Batch", "PackedStream", "SourceInfo", "StreamError", "StreamInfo"]
 
 logger = logging.getLogger("packfeed.client")
 MAX_BATCH_ROWS = 1 << 16  # rows per batch a client may ask for at all (a server's own limit is lower)
@@ -110,41 +114,6 @@ class Batch:
     @property
     def num_rows(self) -> int:
         return self.rows.num_rows
-
-
-@dataclass(frozen=True)
-class SourceInfo:
-    """One source of the server's mixture."""
-
-    name: str
-    rows: int
-    samples_per_epoch: int
-    planned_share: float
-    first_sample_id: int = 0  # its rows are sample ids [first_sample_id, first_sample_id + rows)
-
-
-@dataclass(frozen=True)
-class StreamInfo:
-    """What the server streams (its Describe answer).
-
-    ``total_rows``: rows of the whole stream (all epochs), None until the server's pipeline
-    reached the end. ``epoch_rows``: rows of each epoch whose end it reached, in order.
-    ``mixture_changes``: the online mixture changes made so far (client/mixture_record.py records).
-    """
-
-    seq_len: int
-    tokenizer_name: str
-    vocab_size: int
-    pad_id: int
-    config_hash: str
-    total_rows: int | None
-    ignore_index: int
-    epochs: int = 1
-    epoch_rows: tuple[int, ...] = ()
-    sources: tuple[SourceInfo, ...] = ()
-    samples_per_epoch: int = 0
-    max_batch_rows: int = 0
-    mixture_changes: tuple[dict, ...] = ()
 
 
 _END = object()
@@ -231,28 +200,17 @@ class PackedStream:
         if info.wire_version != WIRE_VERSION:
             raise StreamError(grpc.StatusCode.FAILED_PRECONDITION,
                               f"server speaks wire version {info.wire_version}, this client {WIRE_VERSION}")
-        return StreamInfo(
-            seq_len=info.seq_len,
-            tokenizer_name=info.tokenizer_name,
-            vocab_size=info.vocab_size,
-            pad_id=info.pad_id,
-            config_hash=info.config_hash,
-            total_rows=info.total_rows if info.HasField("total_rows") else None,
-            ignore_index=info.ignore_index,
-            epochs=info.epochs or 1,
-            epoch_rows=tuple(info.epoch_rows),
-            sources=tuple(SourceInfo(s.name, s.rows, s.samples_per_epoch, s.planned_share,
-                                    s.first_sample_id) for s in info.sources),
-            samples_per_epoch=info.samples_per_epoch,
-            max_batch_rows=info.max_batch_rows,
-            mixture_changes=tuple(change_record(c) for c in info.mixture_changes),
-        )
+        return stream_info(info)
 
     def set_mixture(self, weights: Mapping[str, float], *, step: int | None = None) -> dict:
-        """New source weights (every source named; 0 pauses one) from the first window the server
-        has not planned yet. ``step`` (default: the steps consumed so far) is the same on every
-        rank: one change per step, the same answer for all. Returns the change (``step``,
-        ``from_sample``, ``window``, ``weights``, ``schedule_index``), recorded in ``state_dict()``.
+        """New source weights (every source named; 0 pauses one) from the first window starting
+        at or after this rank's cursor (the rows consumed), so at most one window after them.
+        ``step`` (default: the steps consumed so far) is the same on every rank, called after the
+        same batch: one change per step, the same answer for all. What was read ahead is dropped
+        and read again from the cursor (it may have been packed with the old weights). Returns
+        the change (``step``, ``from_sample``, ``window``, ``weights``, ``schedule_index``),
+        recorded in ``state_dict()``, and how far it is from the consumers: ``consumer_window``
+        holds the cursor, ``lag_samples`` = ``from_sample`` - that window's first sample.
         StreamError INVALID_ARGUMENT for bad weights (nothing changes), FAILED_PRECONDITION when
         the stream cannot change (a packed directory); README "Changing the mixture during a run"."""
         try:
@@ -264,11 +222,14 @@ class PackedStream:
             request_serializer=packfeed_pb2.SetMixtureRequest.SerializeToString,
             response_deserializer=packfeed_pb2.MixtureChange.FromString,
         )
-        request = packfeed_pb2.SetMixtureRequest(weights=wanted, step=self._state.step if step is None else step)
+        request = packfeed_pb2.SetMixtureRequest(weights=wanted, step=self._state.step if step is None else step,
+                                                 cursor=self._state.cursor)
         reply = self._retrying(lambda: call(request, metadata=self._metadata, timeout=60))  # a step's change is made once
         record = change_record(reply)
         self._state = self._state.with_mixture([record])
-        return {**record, "schedule_index": reply.schedule_index}
+        self._read_again()
+        return {**record, "schedule_index": reply.schedule_index, "consumer_window": reply.consumer_window,
+                "lag_samples": record["from_sample"] - reply.consumer_sample}
 
     @property
     def state(self) -> StreamState:
@@ -311,18 +272,8 @@ class PackedStream:
 
     def close(self) -> None:
         """Stop prefetching and close the connections (safe to call twice); iteration ends."""
-        self._stop.set()
         self._done = True
-        call = self._call
-        if call is not None:
-            call.cancel()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            while self._thread.is_alive():  # unblock a put() on a full queue
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    pass
-                self._thread.join(0.05)
+        self._stop_fetching()
         for channel in (self._control, self._data):
             if channel is not None:
                 channel.close()
@@ -334,6 +285,30 @@ class PackedStream:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _stop_fetching(self) -> None:
+        """Stop the prefetch thread (its call cancelled) and wait for it to end."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            while self._thread.is_alive():  # unblock a put() on a full queue
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    pass
+                self._thread.join(0.05)
+
+    def _read_again(self) -> None:
+        """Drop every batch read ahead (queued or in flight) and prefetch again from the cursor
+        of the last batch yielded (after a mixture change: they may hold rows of the old weights)."""
+        if self._thread is None or self._done:
+            return
+        self._stop_fetching()
+        self._stop, self._queue, self._call = threading.Event(), queue.Queue(maxsize=self._queue.maxsize), None
+        self._thread = threading.Thread(target=self._fetch, name=f"packfeed-stream-rank{self.rank}", daemon=True)
+        self._thread.start()
 
     def _channel(self, max_receive: int) -> grpc.Channel:
         options = channel_options(max_receive=max_receive, max_send=MAX_REQUEST_BYTES)

@@ -75,7 +75,7 @@ class StreamRequest(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_rows: _Optional[int] = ..., cursor: _Optional[int] = ..., expected_config_hash: _Optional[str] = ..., expected_seq_len: _Optional[int] = ..., mixture_changes: _Optional[_Iterable[_Union[MixtureChange, _Mapping]]] = ...) -> None: ...
 
 class SetMixtureRequest(_message.Message):
-    __slots__ = ("weights", "step")
+    __slots__ = ("weights", "step", "cursor")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,12 +85,14 @@ class SetMixtureRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
     weights: _containers.ScalarMap[str, float]
     step: int
-    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., step: _Optional[int] = ...) -> None: ...
+    cursor: int
+    def __init__(self, weights: _Optional[_Mapping[str, float]] = ..., step: _Optional[int] = ..., cursor: _Optional[int] = ...) -> None: ...
 
 class MixtureChange(_message.Message):
-    __slots__ = ("step", "from_sample", "window", "weights", "schedule_index")
+    __slots__ = ("step", "from_sample", "window", "weights", "schedule_index", "consumer_window", "consumer_sample")
     class WeightsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -103,12 +105,16 @@ class MixtureChange(_message.Message):
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     step: int
     from_sample: int
     window: int
     weights: _containers.ScalarMap[str, float]
     schedule_index: int
-    def __init__(self, step: _Optional[int] = ..., from_sample: _Optional[int] = ..., window: _Optional[int] = ..., weights: _Optional[_Mapping[str, float]] = ..., schedule_index: _Optional[int] = ...) -> None: ...
+    consumer_window: int
+    consumer_sample: int
+    def __init__(self, step: _Optional[int] = ..., from_sample: _Optional[int] = ..., window: _Optional[int] = ..., weights: _Optional[_Mapping[str, float]] = ..., schedule_index: _Optional[int] = ..., consumer_window: _Optional[int] = ..., consumer_sample: _Optional[int] = ...) -> None: ...
 
 class PackedBatch(_message.Message):
     __slots__ = ("num_rows", "seq_len", "input_ids", "labels", "position_ids", "seq_lens", "segment_splits", "sample_ids", "row_index", "padding_rows", "cursor", "step", "pair_roles")

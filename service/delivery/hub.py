@@ -26,28 +26,29 @@ The ``Manifest`` (manifest.py) remembers, per window, the global index of its fi
 that window on: the cost of a resume does not grow with the cursor. Without an entry the
 reader starts at the last window it knows, at worst the first.
 
+A change of the stream from a window on (an online mixture change, mixture_changes.py) is made
+inside ``changing()``: ``window_from(cursor)`` places it at the first window no consumer has
+received, and ``rewind`` forgets the rows from there on and starts the reader again there.
+
 Pure Python threads, numpy and packfeed.client: no gRPC, no Ray (readers are injected).
 """
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
-import numpy as np
-from packfeed.client.rows import PackedRows, concat_rows, renumber_rows, select_rows
+from packfeed.client.rows import PackedRows, select_rows
 from packfeed.service import faults
+from packfeed.service.delivery.catchup import CatchUp, PackWindow, Piece, gather
 from packfeed.service.delivery.manifest import Manifest
 
 # open_reader(start_window, first_row) -> iterator of (window, rows); rows carry global
 # row_index first_row, first_row + 1, ... in stream order.
 OpenReader = Callable[[int, int], Iterable[tuple[int, PackedRows]]]
-# pack_window(window) -> that window's rows (row_index local), or None past the last window.
-PackWindow = Callable[[int], "PackedRows | None"]
 
 PIECE_ROWS = 64  # windows are stored in pieces of this many rows: the unit of eviction
 
@@ -58,16 +59,6 @@ class ConsumerGone(Exception):
 
 class HubClosed(Exception):
     """The hub is draining or closed (server shutting down): the client should retry."""
-
-
-@dataclass
-class _Piece:
-    start: int  # global index of the first row
-    rows: PackedRows
-
-    @property
-    def end(self) -> int:
-        return self.start + self.rows.num_rows
 
 
 @dataclass
@@ -111,13 +102,13 @@ class RowHub:
             raise ValueError(f"capacity must be >= {2 * PIECE_ROWS} rows, got {capacity}")
         if not idle_timeout_s > 0:
             raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
-        self._open_reader, self._pack_window, self._on_error = open_reader, pack_window, on_error
+        self._open_reader, self._on_error = open_reader, on_error
         self.manifest = manifest
         self.capacity = capacity
         self.idle_timeout_s = idle_timeout_s
         self._poll_s, self._clock = poll_s, clock
         self._cond = threading.Condition()
-        self._pieces: list[_Piece] = []
+        self._pieces: list[Piece] = []
         self._held = 0  # rows in self._pieces
         self._floor = 0  # rows below this index are not held and the reader will not produce them
         self._produced = 0  # the main reader has produced every row below this index
@@ -129,11 +120,9 @@ class RowHub:
         self._waiting: dict[object, int] = {}  # one entry per waiting call: the highest row it waits for
         self._next_consumer = 0
         self._closed = False
-        self._catchup_lock = threading.Lock()  # one catch-up window packed at a time
-        self._catchup: OrderedDict[int, _Piece] = OrderedDict()  # window -> its rows (global index)
-        self._catchup_rows = 0
+        self._catchup = None if pack_window is None else CatchUp(pack_window, manifest, capacity)
+        self._reached = 0  # every row below it was produced here, so the manifest knows its window
         self.reader_starts = 0  # main readers started: the first, then one per restart
-        self.catchup_windows = 0  # windows packed by the catch-up path
         self.rows_served = 0
         self.peak_held = 0
 
@@ -157,6 +146,11 @@ class RowHub:
         """Times the main reader was started again (at another window) after its first start:
         0 while the first reader runs, or before any started."""
         return max(self.reader_starts - 1, 0)
+
+    @property
+    def catchup_windows(self) -> int:
+        """Windows packed by the catch-up path."""
+        return 0 if self._catchup is None else self._catchup.windows
 
     @property
     def held_rows(self) -> int:
@@ -232,7 +226,7 @@ class RowHub:
                 if self._error is not None and want[0] >= self._floor:  # the rows will not come: the pipeline failed
                     raise self._error
                 behind = self._reader is not None and want[0] < self._floor
-                if behind and self._pack_window is not None and self._others_attached(cid):
+                if behind and self._catchup is not None and self._others_attached(cid):
                     state.attached = False  # a far consumer: served apart, holds nothing back
                     break
                 state.attached = True
@@ -249,8 +243,9 @@ class RowHub:
                 state.last_active = self._clock()
                 if not alive():
                     raise ConsumerGone()
-        rows = self._catch_up(want, reach)
+        rows, end = self._catchup.rows(want, reach)
         with self._cond:
+            self._reached = max(self._reached, end)
             self.rows_served += rows.num_rows
             return rows, self.manifest.total_rows
 
@@ -285,9 +280,14 @@ class RowHub:
     def _restart_reader(self, row: int) -> None:
         """Start a reader at the known window holding ``row`` (caller holds the lock)."""
         window, first_row = self.manifest.locate(row)
-        self._generation += 1
         self._pieces, self._held = [], 0
         self._floor = self._produced = first_row
+        self._launch(window, first_row)
+
+    def _launch(self, window: int, first_row: int) -> None:
+        """A new main reader from ``window`` (rows from ``first_row``); the current one is
+        superseded (caller holds the lock)."""
+        self._generation += 1
         self._error = None
         self.reader_starts += 1
         thread = threading.Thread(
@@ -306,7 +306,11 @@ class RowHub:
                 if w != last_window:  # a window's rows may come in several blocks
                     if last_window is not None:
                         faults.point("reader-window", last_window)  # between two windows
-                    self.manifest.record(w, next_row)
+                    with self._cond:  # a superseded reader's windows may belong to another plan
+                        if generation != self._generation:
+                            return
+                        self.manifest.record(w, next_row, write=False)  # no I/O under the lock
+                    self.manifest.write_pending()
                     last_window = w
                 if rows.num_rows == 0:
                     continue
@@ -314,7 +318,7 @@ class RowHub:
                     raise RuntimeError(f"reader produced row {int(rows.row_index[0])}, expected {next_row}")
                 for start in range(0, rows.num_rows, PIECE_ROWS):
                     piece = select_rows(rows, range(start, min(start + PIECE_ROWS, rows.num_rows)))
-                    if not self._append(generation, _Piece(next_row + start, piece)):
+                    if not self._append(generation, Piece(next_row + start, piece)):
                         return
                 next_row += rows.num_rows
             with self._cond:
@@ -334,7 +338,7 @@ class RowHub:
             if close is not None:  # a generator: stops the pipeline behind it
                 close()
 
-    def _append(self, generation: int, piece: _Piece) -> bool:
+    def _append(self, generation: int, piece: Piece) -> bool:
         """Add a piece once there is room; False when this reader has been superseded."""
         with self._cond:
             while True:
@@ -347,6 +351,7 @@ class RowHub:
             self._pieces.append(piece)
             self._held += piece.rows.num_rows
             self._produced = piece.end
+            self._reached = max(self._reached, piece.end)
             self.peak_held = max(self.peak_held, self._held)
             self._cond.notify_all()
             return True
@@ -368,68 +373,58 @@ class RowHub:
                 self._floor = first.end
             else:
                 cut = low - first.start
-                self._pieces[0] = _Piece(low, select_rows(first.rows, range(cut, first.rows.num_rows)))
+                self._pieces[0] = Piece(low, select_rows(first.rows, range(cut, first.rows.num_rows)))
                 self._held -= cut
                 self._floor = low
 
     def _gather(self, want: range) -> PackedRows:
         """The rows ``want`` (all held) in order (caller holds the lock)."""
-        return _gather(self._pieces, want)
+        return gather(self._pieces, want)
 
-    # -- the catch-up path ------------------------------------------------------------------------
+    # -- a change of the stream from a window on (an online mixture change) -------------------
 
-    def _catch_up(self, want: range, reach: int) -> PackedRows:
-        """Rows ``want`` for a far consumer: from the catch-up cache, packing the windows it
-        lacks one at a time (their first rows go to the manifest), up to row ``reach`` or the end."""
-        with self._catchup_lock:
-            window, first = self.manifest.locate(want[0])
-            pieces: list[_Piece] = []
-            while first <= reach:
-                piece = self._catchup.get(window)
-                if piece is None:
-                    rows = self._pack_window(window)
-                    if rows is None:  # past the last window: the stream ends here
-                        self.manifest.record_end(first)
-                        break
-                    self.catchup_windows += 1
-                    piece = _Piece(first, renumber_rows(rows, first))
-                    self._cache(window, piece)
-                else:
-                    self._catchup.move_to_end(window)
-                self.manifest.record(window, first)
-                self.manifest.record(window + 1, piece.end)
-                if piece.end > want[0] and piece.rows.num_rows:
-                    pieces.append(piece)
-                window, first = window + 1, piece.end
-            total = self.manifest.total_rows
-            if total is not None:
-                want = range(want.start, min(want.stop, max(total, want.start)), want.step)
-            return _gather(pieces, want)
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        """Hold the hub still (no row handed out, no window packed) while the stream changes
+        under it: ``window_from`` and ``rewind`` are called inside."""
+        with self._catchup.lock if self._catchup is not None else contextlib.nullcontext(), self._cond:
+            yield
 
-    def _cache(self, window: int, piece: _Piece) -> None:
-        self._catchup[window] = piece
-        self._catchup_rows += piece.rows.num_rows
-        while self._catchup_rows > self.capacity and len(self._catchup) > 1:
-            _, old = self._catchup.popitem(last=False)
-            self._catchup_rows -= old.rows.num_rows
+    def window_from(self, row: int) -> tuple[int, int] | None:
+        """(the window holding ``row``, the first window starting at or after it) or None when
+        the manifest cannot tell (``row`` beyond every row produced here). Windows of 40 rows
+        known, row 100: (2, 3); row 80: (2, 2). Inside ``changing()``."""
+        window, first = self.manifest.locate(row)
+        if first == row:
+            return window, window
+        total = self.manifest.total_rows
+        known = window + 1 in self.manifest.first_row or row < self._reached
+        return (window, window + 1) if known or (total is not None and row < total) else None
 
-
-def _gather(pieces: list[_Piece], want: range) -> PackedRows | None:
-    """Rows ``want`` from ``pieces`` (sorted, covering them) in order; None for no rows."""
-    if len(want) == 0:
-        return None
-    starts = [p.start for p in pieces]
-    parts = []
-    indices = np.arange(want.start, want.stop, want.step, dtype=np.int64)
-    i = 0
-    while i < len(indices):
-        k = bisect.bisect_right(starts, int(indices[i])) - 1
-        piece = pieces[k]
-        j = int(np.searchsorted(indices, piece.end))
-        parts.append(select_rows(piece.rows, indices[i:j] - piece.start))
-        i = j
-    return parts[0] if len(parts) == 1 else concat_rows(parts)
-
+    def rewind(self, window: int, cursor: int | None = None) -> None:
+        """Forget every row from ``window`` on (a change made them stale) and start the main
+        reader again there: at ``window`` when its first row is known, else at the last known
+        window before it (at most one window packed again); at the window holding ``cursor``
+        (where the consumers read on) when its rows are no longer held. Inside ``changing()``,
+        after the manifest forgot the windows after ``window``."""
+        if self._catchup is not None:
+            self._catchup.forget_from(window)
+        if self._reader is None:
+            return
+        first = self.manifest.first_row.get(window)
+        if first is None or first > self._produced:  # the reader is not there yet: from its own window
+            start, first = self.manifest.locate(self._produced)
+        else:
+            start = window
+        if cursor is not None and cursor < first and self._floor > cursor:  # theirs are gone: one reader, not two
+            start, first = self.manifest.locate(cursor)
+        while self._pieces and self._pieces[-1].start >= first:  # pieces never span two windows
+            self._held -= self._pieces.pop().rows.num_rows
+        self._produced, self._reached = first, min(self._reached, first)
+        if not self._pieces:
+            self._floor = self._produced
+        self._launch(start, first)
+        self._cond.notify_all()
 
 class Consumer:
     """One consumer's handle on the hub (a context manager: leaving it releases its rows)."""

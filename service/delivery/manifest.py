@@ -64,6 +64,7 @@ class Manifest:
         self._torn = False
         self._unwritten = False  # on a store: learnt since the last write
         self._written_at = float("-inf")
+        self._pending: list[dict] = []  # learnt, not written yet (record(write=False))
         if self.path is not None:
             self._load()
 
@@ -136,12 +137,24 @@ class Manifest:
         with self._lock:
             return max(self.first_row)
 
-    def record(self, window: int, first_row: int) -> None:
+    def record(self, window: int, first_row: int, *, write: bool = True) -> None:
+        """Learn ``window``'s first row; with ``write`` False it is written by the next
+        ``write_pending`` (a caller holding a lock of its own does no I/O under it)."""
         with self._lock:
             if self.first_row.get(window) == first_row:
                 return
             self._set(window, first_row)
-            self._append({"w": window, "r": first_row})
+            if write:
+                self._append({"w": window, "r": first_row})
+            else:
+                self._pending.append({"w": window, "r": first_row})
+
+    def write_pending(self) -> None:
+        """Write what ``record(write=False)`` learnt (in order)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            for entry in pending:
+                self._append(entry)
 
     def record_end(self, total_rows: int) -> None:
         with self._lock:
@@ -152,10 +165,12 @@ class Manifest:
 
     def record_mixture(self, change: dict) -> None:
         """Record an online mixture change: the whole file written atomically; OSError (on disk)
-        or ``StorageError`` (a URI) when it cannot be, and then nothing is recorded."""
+        or ``StorageError`` (a URI) when it cannot be, and then nothing is recorded. The windows
+        after the change's ``window`` and the end are forgotten with it (the change repacks them)."""
         with self._lock:
+            kept = {w: r for w, r in self.first_row.items() if w <= int(change["window"])}
             if self.path is not None:
-                text = self._whole(extra=[change])
+                text = self._whole(extra=[change], first_row=kept, end=False)
                 if self._remote:
                     storage.write_bytes_atomic(self.path, text.encode())
                 else:
@@ -165,6 +180,8 @@ class Manifest:
                     os.replace(tmp, self.path)
                 self._file_ours, self._torn, self._unwritten = True, False, False
             self.mixture.append(dict(change))
+            self.first_row, self.total_rows, self._pending = kept, None, []
+            self._starts = sorted((r, w) for w, r in kept.items())
 
     def reset(self, mixture: list[dict]) -> None:
         """Forget every window and the end, and hold ``mixture`` as the changes made (a resumed
@@ -173,7 +190,7 @@ class Manifest:
         with self._lock:
             self.first_row, self._starts, self.total_rows = {0: 0}, [(0, 0)], None
             self.mixture = [dict(m) for m in mixture]
-            self._file_ours = False
+            self._file_ours, self._pending = False, []
 
     def to_dict(self) -> dict:
         """The manifest as a checkpoint keeps it (``mixture`` only when a change was made)."""
@@ -225,12 +242,13 @@ class Manifest:
                                "restart will pack from the last window it knows", self.path, e)
             self._write_failed = True
 
-    def _whole(self, extra: list[dict] = ()) -> str:
+    def _whole(self, extra: list[dict] = (), first_row: dict[int, int] | None = None, end: bool = True) -> str:
         """The whole file: the header, the mixture changes (and ``extra`` ones), every window
-        known, the end when known."""
+        known (or those of ``first_row``), the end when known (and ``end``)."""
+        firsts = self.first_row if first_row is None else first_row
         lines = [{"key": self.key}, *({"mixture": m} for m in [*self.mixture, *extra]),
-                 *({"w": w, "r": r} for w, r in sorted(self.first_row.items()))]
-        if self.total_rows is not None:
+                 *({"w": w, "r": r} for w, r in sorted(firsts.items()))]
+        if end and self.total_rows is not None:
             lines.append({"end": self.total_rows})
         return "".join(json.dumps(line) + "\n" for line in lines)
 

@@ -2,25 +2,33 @@
 
 A training loop asks for new weights (``PackedStream.set_mixture``, the ``SetMixture`` RPC, or
 the ``packfeed train`` hook). The change becomes a schedule entry of the stream (the
-``[[data.schedule]]`` of data/config.py) that starts at the first window not yet planned:
-no row already packed or delivered changes. Every rank of a data-parallel loop asks at the same
-step; the change is keyed by that step, so the calls of one step make one change and all get
-the same answer (the first call's).
+``[[data.schedule]]`` of data/config.py) that starts at the first window no consumer has
+received: the first window starting at or after the callers' cursor (``apply_change``), so at
+most one window after the rows they consumed. Every rank of a data-parallel loop asks at the
+same step, after the same batch; the change is keyed by that step, so the calls of one step make
+one change and all get the same answer (the first call's).
 
-"Not yet planned" is tracked here: every reader asks ``admit(window, version)`` before it hands
-out a window's rows, the catch-up path ``plan_for(window)``, and the stream manifest knows the
-windows a previous server reached (at least window 0: the first window's weights are the
-config's). A change takes effect at one past the highest of them, so windows below it are the
-same under the old plan and the new one (the schedule only replaces weights from its window
-on), and a reader that still packs with the old plan is told to start again at that window
-with the new one (``admit`` returns False, ``read_with_changes``). Read-ahead packing that the
-change makes stale is thrown away: at most the pipeline's read-ahead (a few windows) is packed
-twice.
+What was packed ahead of the consumers with the old weights is dropped (issue 41: the reader
+and gRPC's send-ahead had planned the whole stream, and a change landed at its end or was
+refused): the hub forgets its rows from the change's window on and its reader starts again
+there (``RowHub.rewind``), the manifest forgets those windows' first rows and the end, a gRPC
+call that had sent such rows ends with ABORTED, and the calling clients drop their read-ahead
+and read on from their cursor. Cost: the windows packed ahead (at most the hub's buffer and the
+pipeline's read-ahead) are packed again. Windows below the change's are the same under the old
+plan and the new one (a schedule entry only replaces weights from its window on).
 
-Worked example: windows of 1000 samples, the reader has handed out windows 0..3, a previous
-server reached window 5 (manifest): a change at step 40 starts at window 6, from_sample 6000.
-A second call for step 40 (another rank) returns that answer; a call for step 41 before the
-reader moved on starts at window 6 too and replaces the weights of the first from there.
+Without a cursor (an older client) the change starts at the first window not yet *planned*:
+every reader asks ``admit(window, version)`` before it hands out a window's rows, the catch-up
+path ``plan_for(window)``, and the manifest knows the windows a previous server reached (at
+least window 0: the first window's weights are the config's); nothing packed is dropped, and a
+reader still packing with the old plan starts again at the change's window (``admit`` returns
+False, ``read_with_changes``).
+
+Worked example: windows of 200 samples, ~40 rows each; the ranks consumed 160 rows (inside
+window 3) while the reader and gRPC got to window 47 of 48: the change starts at window 4,
+from_sample 800, and windows 4..47 are packed again with the new weights. A second call for
+the step (another rank) returns that answer; a later step's change at an earlier window
+supersedes the earlier change from there (``merged_schedule``).
 
 Every change is written to the stream manifest (delivery/manifest.py) before it is applied,
 so a restarted server (``attach``) and a resumed run replay it; its record is
@@ -29,6 +37,7 @@ so a restarted server (``attach``) and a resumed run replay it; its record is
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from dataclasses import dataclass
@@ -73,12 +82,16 @@ class MixtureChange:
 def merged_schedule(base: Sequence[Any], changes: Sequence[MixtureChange], entry: Callable[[int, dict], Any]) -> tuple:
     """The schedule in effect: the config's entries ``base`` and the changes, by ``from_sample``;
     where two start at the same sample the later one wins (a change replaces a configured entry
-    or an earlier change there). ``entry(from_sample, weights)`` makes a schedule entry.
+    or an earlier change there), and a change drops the earlier changes that start after it (it
+    came later and starts before them). ``entry(from_sample, weights)`` makes a schedule entry.
 
     Config entries at 0 and 5000, changes at 3000 then 5000: entries 0, 3000 (change),
-    5000 (the change: it came later)."""
-    at: dict[int, Any] = {int(e.from_sample): e for e in base}
+    5000 (the change: it came later). Changes at 6000 then 4000: entries 0, 4000, 5000."""
+    kept: list[MixtureChange] = []
     for change in changes:
+        kept = [c for c in kept if c.from_sample < change.from_sample] + [change]
+    at: dict[int, Any] = {int(e.from_sample): e for e in base}
+    for change in kept:
         at[change.from_sample] = entry(change.from_sample, dict(change.weights))
     return tuple(at[k] for k in sorted(at))
 
@@ -98,6 +111,7 @@ class MixtureControl:
         self._lock = threading.Lock()
         self._changes: list[MixtureChange] = []
         self._started = -1  # the highest window whose rows a reader handed out
+        self._rewound: set[int] = set()  # steps of the changes that made handed-out windows stale
         self._manifest: Any = None
 
     @property
@@ -115,6 +129,13 @@ class MixtureControl:
         """(version, config, plan) for a reader to start with."""
         with self._lock:
             return len(self._changes), self._config, self._plan
+
+    def superseded(self, version: int) -> bool:
+        """A change after ``version`` made windows a reader had handed out stale: the hub
+        forgot them and started a reader of its own (``apply_change``), so the reader of
+        ``version`` just ends."""
+        with self._lock:
+            return any(c.step in self._rewound for c in self._changes[version:])
 
     def admit(self, window: int, version: int) -> bool:
         """May a reader packing with the plan of ``version`` hand out ``window``'s rows? True
@@ -141,8 +162,10 @@ class MixtureControl:
             if recorded:
                 self._apply(recorded)
 
-    def change(self, step: int, weights: Mapping[str, float]) -> MixtureChange:
+    def change(self, step: int, weights: Mapping[str, float], *, window: int | None = None) -> MixtureChange:
         """The change of ``step``: made now (first call of the step) or the one made earlier.
+        It starts at ``window`` (the first no consumer has received: ``apply_change``; at least
+        1, window 0 keeps the config's weights), or, when None, at the first window not planned.
 
         ValueError for bad weights (unknown source, negative, not finite, all zero: nothing
         changes); MixtureRefused when every window is planned; OSError (or a storage error) when
@@ -154,23 +177,47 @@ class MixtureControl:
             for done in self._changes:
                 if done.step == step:
                     return done
-            known = self._manifest.last_window() if self._manifest is not None else 0
-            window = max(self._started, known) + 1
-            ended = self._manifest is not None and self._manifest.total_rows is not None
+            why = ("every window of the stream is planned already" if window is None
+                   else "the consumers are in the stream's last window")
+            if window is None:
+                known = self._manifest.last_window() if self._manifest is not None else 0
+                window = max(self._started, known) + 1
+                ended = self._manifest is not None and self._manifest.total_rows is not None
+            else:
+                window, ended = max(window, 1), False
             if ended or window >= self._plan.num_windows:
-                raise MixtureRefused(f"every window of the stream is planned already (the next would be window {window} "
-                                     f"of {self._plan.num_windows}): a change has no samples left to apply to")
+                raise MixtureRefused(f"{why} (the next would be window {window} of {self._plan.num_windows}): "
+                                     "a change has no samples left to apply to")
             change = MixtureChange(step, int(self._plan.window_start_sample(window)), window, checked)
             config, plan = self._plan_with(merged_schedule(self._base_schedule, [*self._changes, change], self._entry))
             if self._manifest is not None:
                 self._manifest.record_mixture(change.to_dict())
             self._changes.append(change)
             self._config, self._plan = config, plan
+            if self._started >= window:  # handed out under the old plan: the hub forgets them
+                self._rewound.add(step)
+                self._started = window - 1
             return change
 
+    def rewound(self, change: MixtureChange) -> bool:
+        """Did ``change`` make windows a reader had handed out stale?"""
+        with self._lock:
+            return change.step in self._rewound
+
+    def planned(self) -> int:
+        """The highest window a reader handed out or the manifest knows (-1: none)."""
+        with self._lock:
+            return max(self._started, self._manifest.last_window() if self._manifest is not None else -1)
+
+    def window_start_sample(self, window: int) -> int:
+        """The first sample of ``window`` (the same under every plan of the stream up to it)."""
+        with self._lock:
+            return int(self._plan.window_start_sample(window))
+
     def index_of(self, change: MixtureChange) -> int:
-        """``change``'s index in the schedule in effect (config entries and changes)."""
-        return [int(e.from_sample) for e in self.schedule].index(change.from_sample)
+        """``change``'s index in the schedule in effect (config entries and changes); for a change
+        a later one superseded, where it would be."""
+        return bisect.bisect_left([int(e.from_sample) for e in self.schedule], change.from_sample)
 
     def _apply(self, changes: list[MixtureChange]) -> None:
         """Replay recorded changes (caller holds the lock)."""
@@ -194,6 +241,43 @@ class MixtureControl:
                     "restart the server with the state dir (--state-dir) it recorded the change in")
 
 
+@dataclass(frozen=True)
+class ChangeAnswer:
+    """A change and how far it is from the consumers: ``consumer_window`` holds the callers'
+    cursor, ``consumer_sample`` is its first sample (both 0 without a cursor), so the change
+    applies ``change.from_sample - consumer_sample`` samples (at most one window) after it."""
+
+    change: MixtureChange
+    consumer_window: int = 0
+    consumer_sample: int = 0
+    planned: int = -1  # the highest window planned before it: from change.window to there, packed again
+
+
+def apply_change(control: MixtureControl, hub: Any, step: int, weights: Mapping[str, float],
+                 cursor: int | None) -> ChangeAnswer:
+    """The change of ``step`` from the first window no consumer has received: the first that
+    starts at or after ``cursor``, the rows the callers consumed (what they read ahead beyond
+    it they drop and ask for again). The rows ``hub`` (a RowHub) holds or packs from that window
+    on, packed with the old weights, are forgotten and packed again (``hub.rewind``); the
+    manifest forgets those windows. Without a cursor, or with one the hub cannot place yet (a
+    restarted server before its reader got there), the change starts at the first window not
+    planned. Cost: the windows packed ahead of the consumers are packed again (at most the
+    hub's buffer and one window); gain: a lag of at most one window instead of the read-ahead.
+
+    Windows of 200 samples, ~40 rows each, cursor 160 (inside window 3): from window 4,
+    sample 800; consumer_window 3, consumer_sample 600."""
+    with hub.changing():
+        placed = None if cursor is None else hub.window_from(cursor)
+        made, planned = len(control.changes), control.planned()
+        change = control.change(step, weights, window=None if placed is None else placed[1])
+        if len(control.changes) > made and control.rewound(change):
+            hub.rewind(change.window, cursor)
+    if cursor is None:
+        return ChangeAnswer(change, planned=planned)
+    holding = placed[0] if placed is not None else hub.manifest.locate(cursor)[0]  # or the last known before
+    return ChangeAnswer(change, holding, control.window_start_sample(holding), planned)
+
+
 # plan_reader(config, plan, window, first_row) -> (window, rows) from ``window`` on, rows numbered
 # from ``first_row``: the packing pipeline of one plan (row_stream.py).
 PlanReader = Callable[[Any, Any, int, int], Iterable[tuple[int, Any]]]
@@ -211,6 +295,8 @@ def read_with_changes(control: MixtureControl, plan_reader: PlanReader, window: 
         try:
             for w, rows in outputs:
                 if not control.admit(w, version):  # changed from this window on: its rows are not handed out
+                    if control.superseded(version):  # the hub started a reader of its own
+                        return
                     window = w
                     break
                 yield w, rows

@@ -20,6 +20,7 @@ Describe's epochs and rows per epoch come from here too (``epoch_rows``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -28,14 +29,22 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 
 from packfeed.client.rows import PackedRows, renumber_rows
+from packfeed.service import storage
+from packfeed.service.data.config import DataConfig, ScheduleEntry, check_schedule_weights
 from packfeed.service.delivery.hub import OpenReader, PackWindow
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureControl, read_with_changes
+from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow
+from packfeed.service.packed.writer import open_parquet, packed_dir_info, part_files
+from packfeed.service.pipeline.preflight import load_tokenizer_for
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.service.pipeline.stats import RunStats
+from packfeed.service.pipeline.stats import RunStats, new_run_stats
+from packfeed.service.pipeline.summary import format_summary
+from packfeed.service.pipeline.window import process_window
+from packfeed.service.tokenize.fast.backend import log_choices
+from packfeed.service.tokenize.samples import SampleTokenizer
 
 if TYPE_CHECKING:
-    from packfeed.service.data.config import DataConfig
     from packfeed.service.data.plan import StreamPlan
 
 logger = logging.getLogger("packfeed")
@@ -109,8 +118,6 @@ def find_packed_dir(inputs: Sequence[str]) -> PackedDir | None:
     """The packed directory when ``inputs`` is one (a directory or a URI: then served as it
     is), None when they are data to pack; ValueError for a packfeed output that is unfinished
     or failed."""
-    from packfeed.service.packed.writer import packed_dir_info
-
     info = packed_dir_info(inputs[0]) if len(inputs) == 1 else None
     return None if info is None else PackedDir(str(inputs[0]), info)
 
@@ -125,10 +132,7 @@ def open_stream(packed_or_plan: PackedDir | StreamPlan, config: DataConfig | Non
     if isinstance(packed_or_plan, PackedDir):
         return packed_dir_stream(packed_or_plan.path, packed_or_plan.info)
     if tokenizer is None:
-        from packfeed.service.tokenize.samples import load_tokenizer
-
-        tokenizer = load_tokenizer(config.tokenizer, snapshot=True, loss=config.loss, add_eos=config.add_eos,
-                                   backend=config.tokenizer_backend)
+        tokenizer = load_tokenizer_for(config)
     return pipeline_stream(config, packed_or_plan, tokenizer, scaling or PackingScaling())
 
 
@@ -136,11 +140,7 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
     """The stream of ``config``'s PackingPipeline (Ray initialised). ``tokenizer``: the driver's
     SampleTokenizer (pad id, vocabulary, and the catch-up path's packing); ``scaling``: the
     packing actors' PackingScaling."""
-    from packfeed.service.pipeline.ray_pipeline import PackingPipeline
-    from packfeed.service.pipeline.stats import new_run_stats
-    from packfeed.service.pipeline.window import process_window
-    from packfeed.service.tokenize.fast.backend import log_choices
-    from packfeed.service.tokenize.samples import SampleTokenizer
+    from packfeed.service.pipeline.ray_pipeline import PackingPipeline  # imports Ray
 
     stats = new_run_stats(plan)
     tokenizers = {
@@ -186,10 +186,6 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
 def mixture_control(config: DataConfig, plan: StreamPlan) -> MixtureControl:
     """The MixtureControl of ``config``'s stream: a change's plan is ``plan`` with the new
     schedule (data/plan.py keeps the windows before an entry as they were)."""
-    import dataclasses
-
-    from packfeed.service.data.config import ScheduleEntry, check_schedule_weights
-
     names = [s.name for s in plan.sources]
 
     def plan_with(schedule: tuple) -> tuple[DataConfig, StreamPlan]:
@@ -204,10 +200,6 @@ def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
     local directory or a URI. On a store: a listing, then per part file a HEAD and its footer
     at the start, and per row group read a HEAD (the part must be the version first seen) and
     its column chunks by range."""
-    from packfeed.service import storage
-    from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow
-    from packfeed.service.packed.writer import open_parquet, part_files
-
     path = os.fspath(path)
     config, stats = info["config"], info["stats"]
     parts: list[tuple[str, Any, Any]] = []  # (file, its version or None on disk, its footer)
@@ -257,8 +249,6 @@ def packed_dir_stream(path: str | Path, info: dict[str, Any]) -> RowStream:
 def report_end_of_stream(stats: RunStats, seq_len: int) -> None:
     """The packing report at the end of the stream: totals, sources, skips (why, which); no
     time or rate (windows were packed by several readers, at the consumers' pace)."""
-    from packfeed.service.pipeline.stats import format_summary
-
     summary = {k: v for k, v in stats.to_dict(seq_len=seq_len, seconds=0.0).items()
                if k not in ("seconds", "tokens_per_second")}
     logger.info("end of stream reached (%d windows packed by this process):\n%s", stats.windows,

@@ -33,9 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpc_health.v1 import health_pb2
+
+from packfeed.client.transport import SERVICE_NAME
 from packfeed.service import storage
+from packfeed.service.delivery.hub import RowHub
+from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.row_stream import PackedDir, RowStream, open_stream
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.delivery.server import PackFeedService, build_server, drain
+from packfeed.service.errors import root_cause, user_message
+from packfeed.service.metrics import start_metrics_server
+from packfeed.service.pipeline.preflight import RayStart, preflight
+from packfeed.service.pipeline.raycluster import shutdown_ray
+from packfeed.service.pipeline.scaling import PackingScaling, place_packing
 
 if TYPE_CHECKING:
     from packfeed.service.data.config import DataConfig
@@ -71,14 +81,6 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     pipeline, with the packing actors ``scaling`` on the Ray at ``address``) until SIGTERM or SIGINT;
     returns 0, or 1 when the pipeline failed under ``exit_on_failure``. Installs its own SIGTERM
     and SIGINT handlers: call it from the main thread."""
-    from grpc_health.v1 import health_pb2
-
-    from packfeed.client.transport import SERVICE_NAME
-    from packfeed.service.delivery.hub import RowHub
-    from packfeed.service.delivery.manifest import Manifest
-    from packfeed.service.delivery.server import PackFeedService, build_server, drain
-    from packfeed.service.pipeline.raycluster import shutdown_ray
-
     started = time.perf_counter()
     failed, stop = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # before Ray starts: init_ray keeps them
@@ -99,8 +101,6 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
                         f"{change.from_sample:,}", dict(change.weights))
 
     def reader_failed(exc: BaseException) -> None:
-        from packfeed.service.errors import root_cause, user_message
-
         cause = root_cause(exc)
         bug = user_message(exc) is None or options.debug  # a user's error is its line, a bug keeps its traceback
         logger.error("the pipeline failed, NOT_SERVING from now on: %s: %s", type(cause).__name__, cause,
@@ -120,8 +120,6 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     )
     metrics = None
     if options.metrics_port is not None:
-        from packfeed.service.metrics import start_metrics_server
-
         metrics = start_metrics_server(options.metrics_host or options.host, options.metrics_port, hub=hub,
                                        service=service, stream=stream)
     server.start()
@@ -155,30 +153,16 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
 
 def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: str | None, *,
                          scan_cache: str | None = None) -> RowStream:
-    """Everything checkable before Ray (the plan, the tokenizer, the inputs' first rows and the
-    chat template on them), then Ray, the packing actors placed, and the pipeline's RowStream.
-    ``scan_cache``: where the plan keeps the inputs' scan manifest (a restart reads no input
-    to plan)."""
-    from packfeed.service.data.plan import build_plan
-    from packfeed.service.data.probe import check_inputs
-    from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster
-    from packfeed.service.pipeline.scaling import place_packing
-    from packfeed.service.tokenize.samples import load_tokenizer
-
-    joined = joins_a_cluster(address)
-    if joined:  # the scan runs on the cluster's nodes
-        logger.info(init_ray(address))
-    plan = build_plan(config, scan_cache=scan_cache)
+    """Everything checkable before Ray (``preflight``: the plan, the tokenizer, the inputs' first
+    rows and the chat template on them), then Ray, the packing actors placed, and the pipeline's
+    RowStream. ``scan_cache``: where the plan keeps the inputs' scan manifest (a restart reads
+    no input to plan)."""
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
     os.environ["RAYON_NUM_THREADS"] = "1"
-    tokenizer = load_tokenizer(config.tokenizer, snapshot=True, loss=config.loss, add_eos=config.add_eos,
-                               backend=config.tokenizer_backend)
-    check_inputs(plan, tokenizer)
-    if not joined:
-        logger.info(init_ray(address))
-    placed = place_packing(scaling, num_windows=plan.num_windows)
-    return open_stream(plan, config, tokenizer=tokenizer, scaling=placed)
+    checked = preflight(config, RayStart(address), scan_cache=scan_cache)
+    placed = place_packing(scaling, num_windows=checked.plan.num_windows)
+    return open_stream(checked.plan, config, tokenizer=checked.tokenizer, scaling=placed)
 
 
 def stopped_line(drained_s: float, reader_stopped: bool, ray_s: float | None) -> str:

@@ -9,7 +9,9 @@
   Requests arrive as raw bytes and are parsed here, so a malformed one is an INVALID_ARGUMENT
   answer, not a server error.
 * ``SetMixture``: an online mixture change (delivery/mixture_changes.py), one per caller's
-  step, recorded in the state dir before it is answered.
+  step, from the first window at or after the caller's cursor, recorded in the state dir before
+  it is answered. A call that had sent rows past a change's first row (packed with the old
+  weights) ends with ABORTED; the client reads on from its cursor.
 * the standard health service (``grpc.health.v1.Health``; NOT_SERVING while draining) and
   server reflection (``grpcurl`` can list and call the service).
 
@@ -35,13 +37,13 @@ finishes the batch it is sending and ends with UNAVAILABLE (clients retry from t
 Status codes: UNAUTHENTICATED (token), INVALID_ARGUMENT (request fields or a malformed
 request, bad mixture weights), OUT_OF_RANGE (cursor past the end), FAILED_PRECONDITION (another
 config hash or seq_len than the client expects, mixture changes the client recorded and this
-server did not make, a mixture change on a packed directory), UNAVAILABLE (draining), INTERNAL (the pipeline failed; the
-message says why).
+server did not make or read past without recording, a mixture change on a packed directory), ABORTED (rows sent
+were packed with weights a change replaced), UNAVAILABLE (draining), INTERNAL (the pipeline failed; the message says
+why).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -55,10 +57,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from packfeed.client.transport import (
-    AUTH_HEADER,
     MAX_REQUEST_BYTES,
     SERVICE_NAME,
-    TOKEN_ENV,
     batch_message_limit,
     channel_options,
 )
@@ -68,14 +68,21 @@ from packfeed.client.v1 import packfeed_pb2
 from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
 from packfeed.service.delivery.assign import CursorOutOfRange, check_request
+from packfeed.service.delivery.auth import BearerTokenInterceptor
 from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
-from packfeed.service.delivery.mixture_changes import MixtureChange, MixtureRefused
+from packfeed.service.delivery.listen_checks import check_tls_files, port_problem  # noqa: F401 (their old home)
+from packfeed.service.delivery.mixture_changes import MixtureChange, MixtureRefused, apply_change
 from packfeed.service.delivery.row_stream import RowStream
 from packfeed.service.delivery.steps import Deliveries, RankBatch, rank_batch
 from packfeed.service.errors import root_cause
+from packfeed.service.storage.store_errors import StorageError
 
 logger = logging.getLogger("packfeed")
 AUTH_LOG_INTERVAL_S = 10.0  # at most one line about refused calls this often
+STALE_DETAILS = ("the mixture changed from row {row:,} (SetMixture): rows sent to this call from there on were "
+                 "packed with the old weights; read on from your cursor (every rank calls set_mixture at the same step)")
+LACKING_DETAILS = ("the mixture changed from row {row:,} and this client read past it without recording the change: "
+                   "every rank must call set_mixture at the same step (before reading on)")
 
 
 class PackFeedService:
@@ -141,8 +148,6 @@ class PackFeedService:
     def set_mixture(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         """An online mixture change (see mixture_changes.py); aborts with the status code a
         user can act on, and then nothing changed."""
-        from packfeed.service.storage.store_errors import StorageError
-
         req = _parse(packfeed_pb2.SetMixtureRequest, request, context)
         control = self.meta.mixture
         if control is None:
@@ -151,7 +156,8 @@ class PackFeedService:
                           "with [[data.schedule]] entries, or serve the data config)")
         made = len(control.changes)
         try:
-            change = control.change(int(req.step), dict(req.weights))
+            answer = apply_change(control, self.hub, int(req.step), dict(req.weights),
+                                  int(req.cursor) if req.HasField("cursor") else None)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"mixture not changed: {exc}")
         except MixtureRefused as exc:
@@ -159,10 +165,17 @@ class PackFeedService:
         except (OSError, StorageError) as exc:
             logger.warning("could not record a mixture change in the state dir (%s): refused", exc)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"mixture not changed: the server could not record it ({exc})")
+        change = answer.change
         if len(control.changes) > made:
-            logger.info("mixture changed at step %d (%s): from sample %s (window %d) the weights are %s", change.step,
-                        context.peer(), f"{change.from_sample:,}", change.window, dict(change.weights))
-        return change_message(change.to_dict(), control.index_of(change)).SerializeToString()
+            again = (f"; windows {change.window}..{answer.planned}, packed ahead with the old weights, are packed again"
+                     if answer.planned >= change.window else "")
+            logger.info("mixture changed at step %d (%s): from sample %s (window %d; the consumers are in window %d, "
+                        "%s samples before) the weights are %s%s", change.step, context.peer(),
+                        f"{change.from_sample:,}", change.window, answer.consumer_window,
+                        f"{change.from_sample - answer.consumer_sample:,}", dict(change.weights), again)
+        reply = change_message(change.to_dict(), control.index_of(change))
+        reply.consumer_window, reply.consumer_sample = answer.consumer_window, answer.consumer_sample
+        return reply.SerializeToString()
 
     def stream_batches(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         req = _parse(packfeed_pb2.StreamRequest, request, context)
@@ -215,8 +228,9 @@ class PackFeedService:
         """(message, the batch it encodes) step after step; _EndCall when the call must end
         with a status other than OK."""
         with self.hub.consumer(alive=context.is_active) as consumer:
-            step = 0
+            step, sent_end, version = 0, 0, self._changes()
             while True:
+                version = self._end_if_stale(version, sent_end)  # before it asks the hub for rows far ahead
                 try:
                     batch = rank_batch(consumer, rank=req.rank, world_size=req.world_size, batch_rows=req.batch_rows,
                                        cursor=req.cursor, step=step, seq_len=self.meta.seq_len, pad_id=self.meta.pad_id)
@@ -237,6 +251,11 @@ class PackFeedService:
                 if batch is None:
                     return
                 wanted = batch.assignment
+                if self._changes() > version:  # a change came while the rows were gathered
+                    stale_from = self._stale_from(version)
+                    if stale_from is not None and wanted.cursor > stale_from:
+                        continue  # maybe with the old weights: gather them again
+                sent_end = max(sent_end, wanted.rows[-1] + 1 if len(wanted.rows) else 0)
                 message = encode_batch(batch.rows, cursor=wanted.cursor, padding_rows=batch.padding,
                                        step=step).SerializeToString()
                 yield message, batch
@@ -244,6 +263,27 @@ class PackFeedService:
                     if row in wanted.rows:
                         faults.point("serve-row", row)
                 step += 1
+
+    def _changes(self) -> int:
+        return 0 if self.meta.mixture is None else len(self.meta.mixture.changes)
+
+    def _end_if_stale(self, version: int, sent_end: int) -> int:
+        """The changes made so far; _EndCall ABORTED when one made after ``version`` made rows
+        this call sent (every row below ``sent_end``) stale: the client reads on from its cursor."""
+        now = self._changes()
+        stale_from = self._stale_from(version) if now > version else None
+        if stale_from is not None and sent_end > stale_from:
+            raise _EndCall(grpc.StatusCode.ABORTED, STALE_DETAILS.format(row=stale_from),
+                           "ABORTED (a mixture change made rows it had sent stale)")
+        return now
+
+    def _stale_from(self, version: int, lacking: Callable[[MixtureChange], bool] = lambda c: True) -> int | None:
+        """The lowest first row of the changes made after ``version`` (and ``lacking``) that
+        made rows already packed stale: rows sent from there on were packed with other weights."""
+        control = self.meta.mixture
+        firsts = [self.hub.manifest.first_row.get(c.window) for c in control.changes[version:]
+                  if control.rewound(c) and lacking(c)]
+        return min((r for r in firsts if r is not None), default=None)
 
     def _check(self, req: packfeed_pb2.StreamRequest, context: grpc.ServicerContext) -> None:
         """Abort with the status code a user can act on, or return."""
@@ -285,6 +325,10 @@ class PackFeedService:
                 m.mixture.check_recorded([MixtureChange.from_dict(change_record(c)) for c in req.mixture_changes])
             except ValueError as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            recorded = {c.step for c in req.mixture_changes}
+            stale_from = self._stale_from(0, lambda c: c.step not in recorded)
+            if stale_from is not None and req.cursor > stale_from:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, LACKING_DETAILS.format(row=stale_from))
 
 
 def _real_tokens(batch: RankBatch, rows: np.ndarray) -> int:
@@ -308,48 +352,6 @@ def _parse(message_type, data: bytes, context: grpc.ServicerContext):
         return message_type.FromString(data)
     except DecodeError as exc:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {exc}")
-
-
-class BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call without ``authorization: Bearer <token>`` (UNAUTHENTICATED) and
-    reports each refusal to ``on_refused(reason, method, peer)``."""
-
-    def __init__(self, token: str, on_refused: Callable[[str, str, str], None] = lambda *_: None) -> None:
-        self._expected = f"Bearer {token}".encode()
-        self._on_refused = on_refused
-
-    def intercept_service(self, continuation, handler_call_details):
-        got = dict(handler_call_details.invocation_metadata or ()).get(AUTH_HEADER)
-        if got is not None and hmac.compare_digest(got.encode(), self._expected):
-            return continuation(handler_call_details)
-        reason = "missing bearer token" if got is None else "wrong bearer token"
-        # Unknown methods are refused the same way: no token, no hint of which methods exist.
-        handler = continuation(handler_call_details) or grpc.unary_unary_rpc_method_handler(None)
-        method = handler_call_details.method
-
-        def refuse(context: grpc.ServicerContext) -> None:
-            self._on_refused(reason, method, context.peer())
-
-        return _deny(handler, f"{reason}: pass the server's token (PackedStream(token=...) or ${TOKEN_ENV})", refuse)
-
-
-def _deny(handler: grpc.RpcMethodHandler, message: str,
-          before: Callable[[grpc.ServicerContext], None]) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that only answers UNAUTHENTICATED (after
-    ``before(context)``: the peer is known only inside the call)."""
-
-    def abort(request, context):
-        before(context)
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    kinds: dict[tuple[bool, bool], Callable] = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(abort)
 
 
 def build_server(
@@ -404,54 +406,6 @@ def build_server(
     if bound == 0:
         raise OSError(f"cannot listen on {address}: {port_problem(host, port) or 'gRPC refused the address'}")
     return server, bound, health_servicer
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """Why binding ``host:port`` fails, found by trying it with a plain socket; None if it binds."""
-    import errno
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # As gRPC binds: connections of a previous server in TIME_WAIT do not block, a listener does.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host.strip("[]"), port))
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                return f"port {port} is in use (another server?): choose another --port, or 0 for any free port"
-            if e.errno == errno.EADDRNOTAVAIL:
-                return f"{host} is not an address of this machine (--host)"
-            if e.errno == errno.EACCES:
-                return f"no permission to listen on port {port} (ports below 1024 need privileges)"
-            return e.strerror or str(e)
-    return None
-
-
-def check_tls_files(cert: bytes, key: bytes, cert_path: str, key_path: str) -> None:
-    """ValueError naming the file at fault unless ``cert``/``key`` form a usable TLS pair."""
-    import ssl
-    import tempfile
-
-    if b"-----BEGIN" not in cert or b"CERTIFICATE" not in cert:
-        raise ValueError(f"--tls-cert {cert_path} is not a PEM certificate")
-    if b"-----BEGIN" not in key or b"PRIVATE KEY" not in key:
-        raise ValueError(f"--tls-key {key_path} is not a PEM private key")
-    if b"ENCRYPTED" in key:  # gRPC cannot use it, and OpenSSL would ask for its passphrase on the terminal
-        raise ValueError(f"--tls-key {key_path} is encrypted: give the key without a passphrase "
-                         "(e.g. openssl pkey -in KEY -out PLAIN_KEY), kept in a Kubernetes Secret or a 0600 file")
-    with tempfile.TemporaryDirectory() as tmp:
-        c, k = f"{tmp}/cert.pem", f"{tmp}/key.pem"
-        with open(c, "wb") as f:
-            f.write(cert)
-        with open(k, "wb") as f:
-            f.write(key)
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(c, k, password=lambda: b"")  # never prompt
-        except ssl.SSLError as e:
-            if "KEY_VALUES_MISMATCH" in str(e) or "key values mismatch" in str(e):
-                raise ValueError(f"--tls-key {key_path} is not the private key of --tls-cert {cert_path}") from None
-            raise ValueError(f"--tls-cert {cert_path} / --tls-key {key_path}: not a usable TLS pair ({e.reason or e})") from None
 
 
 def drain(server: grpc.Server, service: PackFeedService, health_servicer: health.HealthServicer, grace_s: float) -> None:

@@ -235,6 +235,13 @@ def test_golden_merged_schedule():
     changes = [MixtureChange(1, 3000, 3, {"a": 3}), MixtureChange(2, 5000, 5, {"a": 4})]
     got = merged_schedule(base, changes, entry)
     assert [(e.from_sample, dict(e.weights)) for e in got] == [(0, {"a": 1}), (3000, {"a": 3}), (5000, {"a": 4})]
+    # a later change that starts earlier (the consumers were behind the first's window) supersedes it
+    later_first = [MixtureChange(1, 6000, 6, {"a": 3}), MixtureChange(2, 4000, 4, {"a": 4})]
+    got = merged_schedule(base, later_first, entry)
+    assert [(e.from_sample, dict(e.weights)) for e in got] == [(0, {"a": 1}), (4000, {"a": 4}), (5000, {"a": 2})]
+    from packfeed.client.mixture_record import schedule_toml
+
+    assert "from_sample = 6000" not in schedule_toml([c.to_dict() for c in later_first]), "the TOML says the same"
 
 
 @pytest.mark.parametrize("record,match", [
