@@ -28,6 +28,7 @@ import threading
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
+from packfeed.service import faults
 from packfeed.service.commands.args import CommandParser, HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
 from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, ray_initialised, shutdown_ray
@@ -128,8 +129,6 @@ def exit_without_teardown(code: int) -> None:
 
 def _announce_faults() -> None:
     """$PACKFEED_FAULTS checked before anything starts, and said loudly: a drill, not a bug."""
-    from packfeed.service import faults
-
     planned = faults.configured()
     if planned:
         names = ", ".join(f"{p}:{at}" + ("" if rank is None else f"@{rank}") + f":{action}" for p, at, rank, action in planned)

@@ -36,8 +36,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from packfeed.service import storage
-from packfeed.service.storage.store_errors import classify
+import pyarrow.fs as pafs
+
+from packfeed.service.face import StorageError, classify, display, exists, is_remote, join, listing, match, resolve
 from packfeed.trainer.parallelize import is_sharded, unwrapped
 from packfeed.trainer.run_dir import ray_storage, read_text
 
@@ -132,16 +133,16 @@ def full_state_dict(model: Any) -> dict:
 
 def read_state(directory: str | Path) -> dict:
     """The trainer state of the checkpoint ``directory`` (a path or a URI)."""
-    path = storage.join(os.fspath(directory), STATE_FILE)
+    path = join(os.fspath(directory), STATE_FILE)
     try:
         text = read_text(path)
         if text is None:
             raise ValueError("it does not exist")
         return json.loads(text)
-    except storage.StorageError:
+    except StorageError:
         raise  # the store failed: its own line
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError too
-        raise ValueError(f"{storage.display(path)} is damaged ({e}): resume from another checkpoint or pass "
+        raise ValueError(f"{display(path)} is damaged ({e}): resume from another checkpoint or pass "
                          "--overwrite") from None
 
 
@@ -152,8 +153,8 @@ def latest_checkpoint(output: str | Path) -> str | Path | None:
     a checkpoint whose upload was cut short is never picked; without a snapshot, every one)
     and those a torchrun job published under ``checkpoints/`` (trainer/torchrun.py: renamed
     there once whole), so a run may change launchers between resumes."""
-    found = [_latest_of_ray(storage.join(os.fspath(output), RUN_NAME)),
-             _latest_in(storage.join(os.fspath(output), CHECKPOINTS_DIR))]
+    found = [_latest_of_ray(join(os.fspath(output), RUN_NAME)),
+             _latest_in(join(os.fspath(output), CHECKPOINTS_DIR))]
     found = [f for f in found if f is not None]
     return max(found, key=lambda f: f[1])[0] if found else None
 
@@ -161,7 +162,7 @@ def latest_checkpoint(output: str | Path) -> str | Path | None:
 def _latest_of_ray(run_dir: str) -> tuple[str | Path, int] | None:
     """(Ray Train's latest registered checkpoint, its step), or the latest in ``run_dir``
     without a snapshot; None when there is none."""
-    if not storage.exists(storage.join(run_dir, RAY_SNAPSHOT)):
+    if not exists(join(run_dir, RAY_SNAPSHOT)):
         return _latest_in(run_dir)
     from ray.train import Result  # ~2 s to import: only for a run Ray Train wrote
 
@@ -176,13 +177,13 @@ def _latest_of_ray(run_dir: str) -> tuple[str | Path, int] | None:
     if checkpoint is None:
         return None
     name = posixpath.basename(checkpoint.path.rstrip("/"))
-    directory = storage.join(run_dir, name) if storage.is_remote(run_dir) else Path(checkpoint.path)
+    directory = join(run_dir, name) if is_remote(run_dir) else Path(checkpoint.path)
     return directory, int(read_state(directory)["step"])
 
 
 def _latest_in(run_dir: str) -> tuple[str | Path, int] | None:
     """(the checkpoint under ``run_dir`` with the most completed steps, its step), or None."""
-    remote = storage.is_remote(run_dir)
+    remote = is_remote(run_dir)
     best, best_step = None, -1
     for state in _state_files(run_dir):
         directory = state.rpartition("/")[0] if remote else Path(state).parent
@@ -194,26 +195,24 @@ def _latest_in(run_dir: str) -> tuple[str | Path, int] | None:
 
 def _state_files(run_dir: str) -> list[str]:
     """The ``checkpoint_*/trainer_state.json`` under ``run_dir`` (on a store: one listing)."""
-    if not storage.is_remote(run_dir):
+    if not is_remote(run_dir):
         return [str(p) for p in Path(run_dir).glob(f"checkpoint_*/{STATE_FILE}")]
-    return [info.uri for info in storage.listing(run_dir, recursive=True)
-            if storage.match(["checkpoint_*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
+    return [info.uri for info in listing(run_dir, recursive=True)
+            if match(["checkpoint_*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
 
 
 @contextlib.contextmanager
 def local_copy(checkpoint: str | Path) -> Iterator[Path]:
     """The checkpoint as a local directory: itself on disk; on a store its files downloaded to
     a temporary directory, removed afterwards."""
-    if not storage.is_remote(os.fspath(checkpoint)):
+    if not is_remote(os.fspath(checkpoint)):
         yield Path(checkpoint)
         return
-    import pyarrow.fs as pafs
-
-    fs, inside = storage.resolve(os.fspath(checkpoint))
+    fs, inside = resolve(os.fspath(checkpoint))
     with tempfile.TemporaryDirectory(prefix="packfeed-checkpoint-") as tmp:
         try:
             pafs.copy_files(inside, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
         except OSError as exc:
-            raise storage.StorageError(storage.display(os.fspath(checkpoint)),
+            raise StorageError(display(os.fspath(checkpoint)),
                                        f"download failed ({classify(exc).detail})") from None
         yield Path(tmp)

@@ -32,7 +32,9 @@ from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps,
 from packfeed.client.rows import PackedRows
 from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.loss_head import trained_token_logps
+from packfeed.trainer.model import build_model
 from packfeed.trainer.step import StepResult, backward_micro_batches
+from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +111,6 @@ def build_reference(model: Any, reference: str, *, vocab_size: int, device: Any,
     again, so it holds the weights the run started from even when the policy is then loaded from
     a checkpoint; else the model named ``reference``, with the policy's attention back-end. In
     eval mode, without gradients. Cost: the memory of a second copy of the weights."""
-    from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig
-    from packfeed.trainer.model import build_model
-
     config = model if reference == INITIAL_REFERENCE else ModelConfig(name=reference, attn=model.attn)
     frozen = build_model(config, vocab_size=vocab_size, device=device, seed=seed)
     frozen.eval()

@@ -17,7 +17,8 @@ the manifest of window first rows (service/delivery/manifest.py), so a resumed r
 the window holding the cursor, not from the start, also with another world size or batch size.
 
 Mixture changes: ``set_mixture(step, weights)`` (the training loop's hook, worker.py) changes
-the weights from the first window not yet planned (service/delivery/mixture_changes.py), once
+the weights from the first window no rank has received (what was packed ahead is packed again;
+service/delivery/mixture_changes.py), once
 per step whichever rank asks; the change is recorded in the manifest, so in every checkpoint
 taken after it, and a resumed run replays the checkpoint's changes (``load_manifest``).
 
@@ -47,15 +48,21 @@ from typing import Any
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
-from packfeed.service import faults
-from packfeed.service.delivery.assign import check_request, split_micro_batches
-from packfeed.service.delivery.hub import OpenReader, RowHub
-from packfeed.service.delivery.manifest import Manifest
-from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused
-from packfeed.service.delivery.row_stream import open_stream
-from packfeed.service.delivery.steps import rank_batch
-from packfeed.service.pipeline.ray_noise import quiet_ray
-from packfeed.service.tokenize.samples import SampleTokenizer
+from packfeed.service.face import (
+    Manifest,
+    MixtureControl,
+    MixtureRefused,
+    OpenReader,
+    RowHub,
+    SampleTokenizer,
+    adopt_faults,
+    apply_change,
+    check_request,
+    open_stream,
+    quiet_ray,
+    rank_batch,
+    split_micro_batches,
+)
 from packfeed.trainer.checkpoint import MANIFEST_FILE
 from packfeed.trainer.run_dir import path
 
@@ -128,17 +135,25 @@ class RowFeeder:
 
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
         """The mixture change of global ``step`` (made by the first rank asking; see the module
-        docstring): its record (client/mixture_record.py) and ``schedule_index``. ValueError for bad
+        docstring), from the first window no rank has received: the rows of every step asked for
+        so far stay, what the reader packed beyond them with the old weights is packed again.
+        Its record (client/mixture_record.py), ``schedule_index``, ``consumer_window`` (the window
+        holding the ranks' cursor) and ``lag_samples`` (at most one window). ValueError for bad
         weights (nothing changes), MixtureRefused when the stream cannot change."""
         if self.mixture is None:
             raise MixtureRefused("the run trains on a packed directory as it is: its mixture cannot change (pack it "
                                  "again with [[data.schedule]] entries, or train on the data config)")
         made = len(self.mixture.changes)
-        change = self.mixture.change(step, weights)
+        with self._lock:  # no step past the highest asked for is handed out meanwhile
+            cursor = self.cursor0 + (self._highest + 1 - self.first_step) * self.world_size * self.batch_rows
+            answer = apply_change(self.mixture, self.hub, step, weights, cursor)
+        change = answer.change
         if len(self.mixture.changes) > made:
-            logger.info("mixture changed at step %d: from sample %s (window %d) the weights are %s", step,
-                        f"{change.from_sample:,}", change.window, dict(change.weights))
-        return {**change.to_dict(), "schedule_index": self.mixture.index_of(change)}
+            logger.info("mixture changed at step %d: from sample %s (window %d; the ranks are in window %d) the weights "
+                        "are %s", step, f"{change.from_sample:,}", change.window, answer.consumer_window,
+                        dict(change.weights))
+        return {**change.to_dict(), "schedule_index": self.mixture.index_of(change),
+                "consumer_window": answer.consumer_window, "lag_samples": change.from_sample - answer.consumer_sample}
 
     def request_stop(self) -> int:
         """Stop the run as soon as every rank can: returns the stop step, the count of completed
@@ -198,7 +213,7 @@ class StreamFeeder(RowFeeder):
                  saved_manifest: dict | None, pad_id: int, tokenizer: Any, faults_env: dict | None = None,
                  **layout: Any) -> None:
         quiet_ray()
-        faults.adopt(faults_env)
+        adopt_faults(faults_env)
         loaded = SampleTokenizer(tokenizer, loss=config.loss, add_eos=config.add_eos, backend=config.tokenizer_backend)
         stream = open_stream(packed_or_plan, config, tokenizer=loaded, scaling=scaling)
         manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)

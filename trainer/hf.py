@@ -28,11 +28,26 @@ step as ``packfeed.trainer.step`` (tests/models/test_hf_trl.py checks the first 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from packfeed.client.model_inputs import TOKEN_KEYS, to_model_inputs
+from packfeed.service.face import (
+    ROW_SCHEMA,
+    display,
+    is_remote,
+    listing,
+    match,
+    open_parquet,
+    packed_dir_info,
+    part_files,
+)
 
 __all__ = ["PackedCollator", "packed_hf_dataset"]
 
@@ -99,7 +114,7 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
       pulled with ``iter_batches(batch_format="pyarrow")`` and held in memory (the whole
       dataset on the driver: for large streams write Parquet with ``packfeed pack`` first).
     """
-    if isinstance(source, str) and _is_remote(source):  # before Path(), which folds s3://b into s3:/b
+    if isinstance(source, str) and is_remote(source):  # before Path(), which folds s3://b into s3:/b
         return _from_store(source, cache_dir=cache_dir)
     if isinstance(source, (str, Path)):
         return _from_parquet_dir(Path(source), cache_dir=cache_dir)
@@ -113,9 +128,6 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
 
 def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
     import datasets
-    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
-
-    from packfeed.service.packed.writer import packed_dir_info, part_files
 
     files = part_files(path)
     if not files or packed_dir_info(path) is None:
@@ -128,34 +140,19 @@ def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
     )
 
 
-def _is_remote(source: str) -> bool:
-    from packfeed.service.storage import is_remote
-
-    return is_remote(source)
-
-
 def _from_store(uri: str, *, cache_dir: str | Path | None) -> Any:
     """A packed output on a store (``packed_hf_dataset``'s docstring): its parts read through
     ``open_parquet`` (ranged GETs, retried) into one Arrow file in the cache, memory-mapped."""
-    import hashlib
-    import json
-    import os
-
     import datasets
-    import pyarrow as pa
-
-    from packfeed.service import storage
-    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
-    from packfeed.service.packed.writer import open_parquet, packed_dir_info
 
     info = packed_dir_info(uri)  # ValueError for an unfinished or failed pack
-    parts = [p for p in storage.listing(uri.rstrip("/"), recursive=False)
-             if not p.is_dir and storage.match(["part-*.parquet"], [p.uri.rsplit("/", 1)[-1]])]
+    parts = [p for p in listing(uri.rstrip("/"), recursive=False)
+             if not p.is_dir and match(["part-*.parquet"], [p.uri.rsplit("/", 1)[-1]])]
     if not parts or info is None:
-        raise FileNotFoundError(f"{storage.display(uri)} holds no packed rows: is it a `packfeed pack --output` "
+        raise FileNotFoundError(f"{display(uri)} holds no packed rows: is it a `packfeed pack --output` "
                                 "location?")
-    key = json.dumps([storage.display(uri), info["stats"], [(p.uri.rsplit("/", 1)[-1], p.size, p.mtime_ns)
-                                                            for p in parts]], sort_keys=True, default=str)
+    key = json.dumps([display(uri), info["stats"], [(p.uri.rsplit("/", 1)[-1], p.size, p.mtime_ns)
+                                                    for p in parts]], sort_keys=True, default=str)
     directory = Path(cache_dir if cache_dir is not None else datasets.config.HF_DATASETS_CACHE)
     cached = directory / f"packfeed-{hashlib.sha256(key.encode()).hexdigest()[:20]}.arrow"
     if not cached.exists():
@@ -177,9 +174,6 @@ def _from_store(uri: str, *, cache_dir: str | Path | None) -> Any:
 def _row_table(table: Any) -> Any:
     """A part's table with ``ROW_SCHEMA``'s columns, in order; a column its part predates
     (``pair_roles``) all null, as ``read_packed_dir`` reads it."""
-    import pyarrow as pa
-    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
-
     for field in ROW_SCHEMA:
         if field.name not in table.column_names:
             table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
@@ -196,11 +190,8 @@ def _is_ray_dataset(source: Any) -> bool:
 
 def _from_ray(dataset: Any) -> Any:
     import datasets
-    import pyarrow as pa
+    import pyarrow.compute as pc  # +30-40 ms at `packfeed --help` (which imports the trainer) for Ray datasets only
     from datasets.table import InMemoryTable
-    from packfeed.service.packed.arrow_rows import ROW_SCHEMA
-
-    import pyarrow.compute as pc
 
     tables = []
     for t in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):

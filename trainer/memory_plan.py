@@ -42,6 +42,7 @@ import subprocess
 from dataclasses import dataclass
 from itertools import product
 
+from packfeed.service.face import load_tokenizer
 from packfeed.trainer.train_config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.model_shape import ModelShape, model_shape
 
@@ -361,8 +362,6 @@ def _more_workers(layout: Layout, fits) -> tuple[str, ...]:
 
 
 def _tokenizer_vocab(run: RunConfig) -> int:
-    from packfeed.service.tokenize.samples import load_tokenizer
-
     return load_tokenizer(run.data.tokenizer).vocab_size
 
 

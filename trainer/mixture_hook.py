@@ -3,15 +3,15 @@
 Every rank calls the hook after each optimizer step with a ``MixtureStep`` (the step, its loss,
 this rank's rows and model inputs, the model, the sources); it returns new weights (every source
 named, 0 pauses one) or None to keep them. Weights ask the feeder for the change of that step
-(``RowFeeder.set_mixture``): the calls of all ranks make one change, from the first window not
-yet planned, recorded in the next checkpoint and replayed by a resumed run. The hook runs on
+(``RowFeeder.set_mixture``): the calls of all ranks make one change, from the first window no
+rank has received (at most one window after the step's rows: rows packed ahead with the old
+weights are packed again), recorded in the next checkpoint and replayed by a resumed run. The hook runs on
 every rank, so it may use collectives (an ``all_reduce`` of per-source losses, so that every rank
 computes the same weights); if ranks return different weights, the first to ask sets them.
 
 A hook that does not return the same thing for the same step after a resume changes the run's
 data only from where it differs: the steps before the checkpoint are replayed exactly. Weights
-that come when every window of the stream is planned are not applied (a warning; the run goes
-on); bad weights (an unknown source, all zero...) fail the run, as a bug in the hook.
+that come when no window of the stream is left are not applied (a warning; the run goes on); bad weights (an unknown source, all zero...) fail the run, as a bug in the hook.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from packfeed.service.delivery.mixture_changes import MixtureRefused
+from packfeed.client.sources import source_index
+from packfeed.service.face import MixtureRefused
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ class MixtureStep:
 
     def source_of(self, sample_ids: Any) -> Any:
         """Source index of each global sample id (-1 for padding's -1), as numpy int64."""
-        from packfeed.client.sources import source_index
-
         return source_index(sample_ids, self.first_ids)
 
 
@@ -88,6 +87,7 @@ def call_hook(hook: MixtureHook, runtime: Any, info: MixtureStep) -> dict | None
             logger.warning("step %d: the mixture hook's weights were not applied: %s", info.step, exc)
         return None
     if info.rank == 0:
-        logger.info("step %d: the mixture changes from sample %s (window %d) to %s", info.step,
-                    f"{change['from_sample']:,}", change["window"], change["weights"])
+        near = f"; the ranks are in window {change['consumer_window']}" if "consumer_window" in change else ""
+        logger.info("step %d: the mixture changes from sample %s (window %d%s) to %s", info.step,
+                    f"{change['from_sample']:,}", change["window"], near, change["weights"])
     return change

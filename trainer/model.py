@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any
 
+from packfeed.service.face import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
 from packfeed.trainer.attention import select_attention
 from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig, tiny_suggestion
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
@@ -35,8 +36,6 @@ def build_model(config: ModelConfig, *, vocab_size: int, device: Any = "cpu", se
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from packfeed.service.tokenize.hf_hub import hub_kwargs
 
     attn = select_attention(config.attn, device)
     hub = {} if config.is_tiny else hub_kwargs(config.name)  # the Hub unreachable: the local cache, no retries
@@ -98,8 +97,6 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> Any:
     cache only, or refused in one line (``hub_unreachable``: one probe, not transformers' 25 s
     of retries). Cost: milliseconds."""
     from transformers import AutoConfig
-
-    from packfeed.service.tokenize.hf_hub import hub_unreachable, hub_unreachable_error, looks_local
 
     if config.is_tiny:
         return tiny_config(config.name[len(TINY_PREFIX):], vocab_size, **config.overrides)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from packfeed.service.tokenize.hf_hub import hub_kwargs
+from packfeed.service.face import hub_kwargs
+from packfeed.trainer.model import check_model
+from packfeed.trainer.tiny_models import tiny_config
 from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig
 
 
@@ -66,9 +68,6 @@ def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
 
 
 def _load_config(config: ModelConfig, vocab_size: int | None) -> Any:
-    from packfeed.trainer.model import check_model
-    from packfeed.trainer.tiny_models import tiny_config
-
     if config.is_tiny:
         if vocab_size is None:
             raise ValueError(f"{config.name}: a tiny model's vocabulary is its tokenizer's: give vocab_size")

@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from packfeed.service import storage
+from packfeed.service.face import display, join
 from packfeed.trainer.checkpoint import (
     CHECKPOINTS_DIR,
     MANIFEST_FILE,
@@ -52,12 +52,12 @@ def prepare_output(output: str | Path, *, resume: bool | str,
     elif resume:
         if found is None:
             fix = "pass --overwrite (or --resume auto) to start it again" if has_run else "run without --resume first"
-            raise ValueError(f"--resume: no checkpoint under {storage.display(path(output, RUN_NAME))}; {fix}")
+            raise ValueError(f"--resume: no checkpoint under {display(path(output, RUN_NAME))}; {fix}")
         return found, None
     if not has_run:
         return None, None
     if not overwrite:
-        raise ValueError(f"{storage.display(str(output))} already holds a training run: pass --resume to continue it "
+        raise ValueError(f"{display(str(output))} already holds a training run: pass --resume to continue it "
                          "or --overwrite")
 
     def clear() -> None:  # the run's files, not the scan manifest: it describes the inputs
@@ -74,7 +74,7 @@ def read_train_state(checkpoint: str | Path) -> TrainState:
     try:
         return TrainState.from_dict(record)
     except ValueError as exc:
-        where = storage.display(storage.join(os.fspath(checkpoint), STATE_FILE))
+        where = display(join(os.fspath(checkpoint), STATE_FILE))
         raise ValueError(f"{where} is damaged ({exc}): resume from another checkpoint or pass --overwrite") from None
 
 

@@ -42,13 +42,22 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from packfeed.service import faults, storage
-from packfeed.service.data.plan import build_plan
-from packfeed.service.data.probe import check_inputs
-from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir
-from packfeed.service.pipeline.raycluster import init_ray, joins_a_cluster, ray_initialised as ray_is_up
-from packfeed.service.pipeline.stats import run_failure
-from packfeed.service.tokenize.samples import load_tokenizer
+from packfeed.service.face import (
+    PackedDir,
+    RayStart,
+    delete_prefix,
+    display,
+    exists,
+    faults_environment,
+    find_packed_dir,
+    init_ray,
+    is_remote,
+    joins_a_cluster,
+    load_tokenizer_for,
+    preflight,
+    ray_initialised as ray_is_up,
+    run_failure,
+)
 from packfeed.trainer.attention import check_attention, ray_workers_device
 from packfeed.trainer.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
 from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
@@ -116,47 +125,78 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
         check_attention(run.model.attn, *workers)
     resume_from, clear_previous = prepare_output(output, resume=resume, overwrite=overwrite)
     state = read_train_state(resume_from) if resume_from is not None else None
-    tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
-                               backend=run.data.tokenizer_backend)
+    tokenizer = load_tokenizer_for(run.data, snapshot=False)
     packed = find_packed_dir(run.data.inputs)
     load_hook(run.train.mixture_hook)  # a hook that cannot be imported fails here, not in every worker
+    ray = _RunRay(address, signals)
+
+    def check_run(packed_or_plan: Any) -> bool:
+        return _check_run(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
+                          no_memory_check=no_memory_check)
+
     if packed is not None:  # pack once, train many: the rows are served as they are
         if run.train.mixture_hook is not None:
             raise ValueError("[train] mixture_hook changes the mixture, and a packed directory's rows are fixed: "
                              "train on the data config, or pack again with [[data.schedule]] entries")
-        check_packed_dir(storage.display(packed.path), packed.info, run.data.seq_len, tokenizer)
-        packed_or_plan = packed
-        print(f"training on the packed directory {storage.display(packed.path)} as it is ({packed.num_rows:,} rows)",
+        check_packed_dir(display(packed.path), packed.info, run.data.seq_len, tokenizer)
+        print(f"training on the packed directory {display(packed.path)} as it is ({packed.num_rows:,} rows)",
               flush=True)
-    else:
-        if joins_a_cluster(address):  # the scan runs on the cluster's nodes
-            signals.defer()
-            print(init_ray(address, dashboard=True), flush=True)
-            signals.check()
-        packed_or_plan = build_plan(run.data, scan_cache=path(output, SCAN_CACHE))
+        if not check_run(packed):
+            return saved_summary(output, state)
+        ray.start()
+        packed_or_plan = packed
+    else:  # as pack and serve: the plan, then what the inputs hold and the chat template on them
+        checked = preflight(run.data, ray, scan_cache=path(output, SCAN_CACHE), tokenizer=tokenizer,
+                            check_plan=check_run)
+        if checked is None:
+            return saved_summary(output, state)
+        packed_or_plan = checked.plan
+    return _fit(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
+                clear_previous=clear_previous, signals=signals)
+
+
+class _RunRay(RayStart):
+    """train's Ray: its line printed, with the dashboard (Ray Train needs the State API); from
+    the join or the start on, the main thread may be inside Ray: a signal is acted on, not
+    raised (``StopSignals.defer``), and one that came meanwhile raised after."""
+
+    def __init__(self, address: str | None, signals: StopSignals) -> None:
+        super().__init__(address, dashboard=True)
+        self.signals = signals
+
+    def up(self) -> None:  # a cluster joined before the plan
+        self.signals.defer()
+        print(init_ray(self.address, **self.init_kwargs), flush=True)
+        self.signals.check()
+
+    def start(self) -> None:  # the checks passed (a joined cluster is up already: nothing said)
+        self.signals.defer()
+        if not ray_is_up():
+            print(init_ray(self.address, **self.init_kwargs), flush=True)
+        self.signals.check()
+
+
+def _check_run(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | Path,
+               resume_from: str | Path | None, state: TrainState | None, no_memory_check: bool) -> bool:
+    """The run's own checks before Ray (the resume against ``packed_or_plan``, the model, the
+    loss head, the memory plan); False when a resumed run is finished (said: nothing to do)."""
+    packed = packed_or_plan if isinstance(packed_or_plan, PackedDir) else None
     if state is not None:
         check_resume(state, run, packed=None if packed is None else packed.info,
                      plan=packed_or_plan if packed is None else None)
         done = finished(state, run)
         if done is not None:
-            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", storage.display(str(output)), done[0],
-                        storage.display(str(resume_from)), done[1])
-            return saved_summary(output, state)
-        print(f"resuming from {storage.display(str(resume_from))} at step {state.step}, stream cursor "
+            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", display(str(output)), done[0],
+                        display(str(resume_from)), done[1])
+            return False
+        print(f"resuming from {display(str(resume_from))} at step {state.step}, stream cursor "
               f"{state.cursor}", flush=True)
     model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
     check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
     if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
         check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
     check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)  # ValueError when it does not fit, before Ray
-    if packed is None:  # as pack and serve: what the inputs hold, the chat template on them
-        check_inputs(packed_or_plan, tokenizer)
-    signals.defer()  # from here the main thread may be inside Ray: a signal is acted on, not raised
-    if not ray_is_up():
-        print(init_ray(address, dashboard=True), flush=True)  # Ray Train needs the State API
-    signals.check()
-    return _fit(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
-                clear_previous=clear_previous, signals=signals)
+    return True
 
 
 def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | Path, resume_from: str | Path | None,
@@ -175,8 +215,8 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
     signals.check()  # a stop asked until now leaves the previous run as it was
     if clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
         clear_previous()
-    if storage.is_remote(str(output)):
-        storage.delete_prefix(path(output, FINAL_PARTIAL))  # a run cut short while writing it
+    if is_remote(str(output)):
+        delete_prefix(path(output, FINAL_PARTIAL))  # a run cut short while writing it
     else:
         output.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(output / FINAL_PARTIAL, ignore_errors=True)
@@ -186,7 +226,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
         run.data, packed_or_plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
-        faults_env=faults.environment(),
+        faults_env=faults_environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
         pad_id=tokenizer.pad_id, tokenizer=tokenizer.ship(),
         state=None if state is None else state.stream, saved_manifest=None if state is None else state.manifest,
@@ -198,7 +238,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
         train_loop_config={
             "run": run.to_dict(), "feeder": feeder, "output": str(output),
             "resume_from": str(resume_from) if resume_from else None,
-            "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size, "faults": faults.environment(),
+            "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size, "faults": faults_environment(),
         },
         scaling_config=ScalingConfig(
             num_workers=world, use_gpu=use_gpu,
@@ -218,7 +258,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
     start_step = 0 if state is None else state.step
     print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
           f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
-          f"steps {start_step}->{run.train.last_step} -> {storage.display(str(output))}", flush=True)
+          f"steps {start_step}->{run.train.last_step} -> {display(str(output))}", flush=True)
     signals.check()
     started = time.perf_counter()
     _fit_until_done_or_stopped(trainer, feeder, signals, start_step)
@@ -235,7 +275,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
         summary["packing"]["sources"] = packing["sources"]
     summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
     summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted
-    if signals.requested and not storage.exists(path(output, FINAL_PARTIAL, FINAL_STATE)):
+    if signals.requested and not exists(path(output, FINAL_PARTIAL, FINAL_STATE)):
         _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
     final_step = publish_final(output, tokenizer)
     summary["final_step"] = final_step
@@ -246,7 +286,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
             "raise [data] epochs (or lower max_steps)"
         )
         print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
-    summary["final_model"] = storage.display(path(output, FINAL_DIR))
+    summary["final_model"] = display(path(output, FINAL_DIR))
     if records:
         plot_loss(records, path(output, "loss.png"))
     # the windows this run's reader packed (none: a packed directory, or a finished run resumed)
@@ -311,7 +351,7 @@ def _stopped(run: RunConfig, output: str | Path, summary: dict[str, Any], record
     curve), say where it stopped and how to continue, and raise the signal's exception."""
     checkpoint = latest_checkpoint(output)  # the stop step's: every rank trained at least one step
     step = read_train_state(checkpoint).step
-    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": storage.display(str(checkpoint))}
+    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": display(str(checkpoint))}
     if records:
         plot_loss(records, path(output, "loss.png"))
     write_json(path(output, "summary.json"), summary)

@@ -29,8 +29,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from packfeed.service import storage
-from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, classify
+import pyarrow.fs as pafs
+
+from packfeed.service.face import (
+    NO_BUCKET,
+    NOT_FOUND,
+    StorageError,
+    classify,
+    delete_prefix,
+    display,
+    exists,
+    is_remote,
+    join,
+    listing,
+    read_bytes,
+    resolve,
+    scrub,
+    write_bytes_atomic,
+)
 FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
 # Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
 # renamed to FINAL_DIR, so a final/ that exists is complete.
@@ -41,21 +57,21 @@ FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes i
 
 def location(output: str | Path) -> str | Path:
     """``output`` as the run uses it: an absolute Path on disk, a URI as it is."""
-    return os.fspath(output) if storage.is_remote(os.fspath(output)) else Path(output).resolve()
+    return os.fspath(output) if is_remote(os.fspath(output)) else Path(output).resolve()
 
 
 def path(output: str | Path, *names: str) -> str:
     """The file ``names`` under ``output`` (a path or a URI)."""
-    return storage.join(os.fspath(output), *names)
+    return join(os.fspath(output), *names)
 
 
 def read_text(uri: str) -> str | None:
     """The text of ``uri`` (a path or a URI), None when there is no such file."""
-    if not storage.is_remote(uri):
+    if not is_remote(uri):
         return Path(uri).read_text() if os.path.isfile(uri) else None
     try:
-        return storage.read_bytes(uri).decode()
-    except storage.StorageError as exc:
+        return read_bytes(uri).decode()
+    except StorageError as exc:
         if exc.kind in (NOT_FOUND, NO_BUCKET):
             return None
         raise
@@ -63,21 +79,21 @@ def read_text(uri: str) -> str | None:
 
 def write_json(uri: str, value: Any) -> None:
     """``value`` as JSON at ``uri``, whole or not at all, credentials scrubbed from its URIs."""
-    storage.write_bytes_atomic(uri, storage.scrub(json.dumps(value, indent=1)).encode())
+    write_bytes_atomic(uri, scrub(json.dumps(value, indent=1)).encode())
 
 
 def holds(output: str | Path, name: str) -> bool:
     """Whether the file or directory ``name`` is under ``output`` (on a store: any key below it)."""
     uri = path(output, name)
-    if not storage.is_remote(uri):
+    if not is_remote(uri):
         return os.path.exists(uri)
-    return storage.exists(uri) or bool(storage.listing(uri, recursive=False))
+    return exists(uri) or bool(listing(uri, recursive=False))
 
 
 def remove(output: str | Path, names: tuple[str, ...]) -> None:
     """Delete the files and directories ``names`` under ``output`` (on a store: one listing)."""
-    if storage.is_remote(os.fspath(output)):
-        storage.delete_prefix(os.fspath(output), only=lambda rel: rel.split("/")[0] in names)
+    if is_remote(os.fspath(output)):
+        delete_prefix(os.fspath(output), only=lambda rel: rel.split("/")[0] in names)
         return
     for name in names:
         target = Path(output, name)
@@ -96,9 +112,7 @@ def upload_dir(local: Path, uri: str, *, last: str | None = None) -> None:
 
 
 def _copy(file: Path, target: str) -> None:
-    import pyarrow.fs as pafs
-
-    fs, dest = storage.resolve(target)
+    fs, dest = resolve(target)
     pafs.copy_files(str(file), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
@@ -108,7 +122,7 @@ def _on_store(uri: str, what: str, fn) -> Any:
     try:
         return fn()
     except OSError as exc:
-        raise storage.StorageError(storage.display(uri), f"{what} failed ({classify(exc).detail})") from None
+        raise StorageError(display(uri), f"{what} failed ({classify(exc).detail})") from None
 
 
 def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: dict | None = None) -> None:
@@ -117,12 +131,12 @@ def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: d
     ``state_dict``: the whole model's weights when ``model`` holds only a shard of them
     (checkpoint.full_state_dict)."""
     partial = path(output, FINAL_PARTIAL)
-    if not storage.is_remote(partial):
+    if not is_remote(partial):
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state_dict)
         Path(partial, FINAL_STATE).write_text(json.dumps({"step": step}))
         return
-    storage.delete_prefix(partial)
+    delete_prefix(partial)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
         Path(tmp, FINAL_STATE).write_text(json.dumps({"step": step}))
@@ -137,7 +151,7 @@ def publish_final(output: str | Path, tokenizer: Any) -> int:
     old one's ``FINAL_STATE`` goes first, the new one's comes last."""
     partial, final = path(output, FINAL_PARTIAL), path(output, FINAL_DIR)
     step = int(json.loads(read_text(path(partial, FINAL_STATE)))["step"])
-    if not storage.is_remote(partial):
+    if not is_remote(partial):
         old = path(output, FINAL_OLD)
         tokenizer.tokenizer.save_pretrained(partial)
         shutil.rmtree(old, ignore_errors=True)
@@ -149,14 +163,14 @@ def publish_final(output: str | Path, tokenizer: Any) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.tokenizer.save_pretrained(tmp)
         upload_dir(Path(tmp), partial)
-    storage.delete_prefix(final, only=lambda rel: rel == FINAL_STATE)
-    storage.delete_prefix(final)
-    fs, _ = storage.resolve(partial)
-    names = sorted((info.uri[len(partial) + 1:] for info in storage.listing(partial, recursive=True) if not info.is_dir),
+    delete_prefix(final, only=lambda rel: rel == FINAL_STATE)
+    delete_prefix(final)
+    fs, _ = resolve(partial)
+    names = sorted((info.uri[len(partial) + 1:] for info in listing(partial, recursive=True) if not info.is_dir),
                    key=lambda rel: (rel == FINAL_STATE, rel))
     for rel in names:
         source, target = path(partial, rel), path(final, rel)
-        _on_store(target, "copy", lambda: fs.copy_file(storage.resolve(source)[1], storage.resolve(target)[1]))
+        _on_store(target, "copy", lambda: fs.copy_file(resolve(source)[1], resolve(target)[1]))
     remove_dir(partial)
     return step
 
@@ -168,8 +182,8 @@ def remove_dir(uri: str) -> None:
     it in being, so a run published on S3 kept a ``.final.partial/`` key (measured against
     moto). Arrow's ``delete_dir`` removes it (one DELETE, after a LIST) and, as every delete of
     Arrow's, puts an empty key for the parent instead: the output's own ``name/``, harmless."""
-    storage.delete_prefix(uri)
-    fs, inside = storage.resolve(uri)
+    delete_prefix(uri)
+    fs, inside = resolve(uri)
 
     def delete() -> None:
         try:
@@ -184,7 +198,7 @@ def ray_storage(output: str | Path) -> dict[str, Any]:
     """Ray Train's ``RunConfig`` arguments that put its run directory under ``output``: the
     path, or on a store the path inside it and the filesystem of ``storage.resolve`` (its own
     retries, the credentials and endpoint packfeed uses everywhere)."""
-    if not storage.is_remote(os.fspath(output)):
+    if not is_remote(os.fspath(output)):
         return {"storage_path": os.fspath(output)}
-    fs, inside = storage.resolve(os.fspath(output))
+    fs, inside = resolve(os.fspath(output))
     return {"storage_path": inside, "storage_filesystem": fs}

@@ -27,7 +27,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
-from packfeed.service.delivery.mixture_changes import MixtureRefused
+from packfeed.service.face import MixtureRefused
 from packfeed.trainer.checkpoint import local_copy
 
 

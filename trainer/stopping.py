@@ -18,7 +18,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from packfeed.service.pipeline.raycluster import Terminated
+from packfeed.service.face import Terminated
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -47,12 +47,16 @@ import grpc
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
 from packfeed.client.stream import PackedStream, StreamError
-from packfeed.service import storage
-from packfeed.service.delivery.assign import split_micro_batches
-from packfeed.service.delivery.mixture_changes import MixtureRefused
-from packfeed.service.delivery.row_stream import find_packed_dir, packed_dir_stream
-from packfeed.service.pipeline.raycluster import Terminated
-from packfeed.service.tokenize.samples import load_tokenizer
+from packfeed.service.face import (
+    MixtureRefused,
+    Terminated,
+    display,
+    find_packed_dir,
+    is_remote,
+    load_tokenizer,
+    packed_dir_stream,
+    split_micro_batches,
+)
 from packfeed.trainer.attention import check_attention
 from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from packfeed.trainer.train_config import RunConfig
@@ -243,9 +247,9 @@ def refuse_what_needs_ray(run: RunConfig, *, server: str | None, output: str) ->
     if placement:
         raise ValueError(f"[scaling] {', '.join(placement)} place Ray Train workers; under torchrun the launcher "
                          "(srun, the job's nodes) places the ranks: remove them")
-    if storage.is_remote(output):
+    if is_remote(output):
         raise ValueError(f"--launcher torchrun writes checkpoints from every rank into --output: give a shared "
-                         f"filesystem path, not {storage.display(output)}")
+                         f"filesystem path, not {display(output)}")
     if server is not None:
         return None
     packed = find_packed_dir(run.data.inputs)
@@ -335,7 +339,7 @@ def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, re
         tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
                                    backend=run.data.tokenizer_backend)
         if packed is not None:
-            check_packed_dir(storage.display(packed.path), packed.info, run.data.seq_len, tokenizer)
+            check_packed_dir(display(packed.path), packed.info, run.data.seq_len, tokenizer)
         if state is not None:
             if packed is not None:  # a server checks the stream state it is given itself
                 check_resume(state, run, packed=packed.info, plan=None)

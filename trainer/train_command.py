@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import argparse
 
-from packfeed.service.commands.args import (
+from packfeed.service.face import (
     add_data_arguments,
     data_config_from_args,
     load_config_file,
     parse_pairs,
     resolve_output,
 )
+from packfeed.trainer.memory_plan import plan_memory
+from packfeed.trainer.run import train
+from packfeed.trainer.torchrun import train_torchrun
+from packfeed.trainer.train_config import RunConfig
 
 HELP = "pack and train a causal LM on the packed rows (Ray Train or torchrun; DDP or FSDP2)"
 ORDER = 2
@@ -87,8 +91,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
     """RunConfig from the config file (``base``, read from --config when None) overridden by
     the flags given."""
-    from packfeed.trainer.train_config import RunConfig
-
     base = load_config_file(args.config) if base is None else base
     data = data_config_from_args(args, base)
     model = dict(base.get("model", {}))
@@ -122,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
     base = load_config_file(args.config)
     config = run_config_from_args(args, base)  # names the inputs, reads none of them
     if args.plan:  # [model], [train], [scaling] and seq_len only: no Ray, no data read
-        from packfeed.trainer.memory_plan import plan_memory
-
         plan = plan_memory(config)
         print(plan.format(), flush=True)
         return 0 if plan.fits else 2
@@ -132,16 +132,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"[output] dir must be a directory path, got {directory!r}")
     output = resolve_output(args.output or directory)  # a path or a URI (s3://bucket/runs/x)
     if args.launcher == "torchrun":  # this process is one rank; Ray is not imported
-        from packfeed.trainer.torchrun import train_torchrun
-
         train_torchrun(config, output=output, resume=args.resume, overwrite=args.overwrite, server=args.server,
                        token=args.token, tls_ca=args.tls_ca, tls_server_name=args.tls_server_name,
                        no_memory_check=args.no_memory_check)
         return 0
     if args.server is not None:
         raise ValueError("--server is for --launcher torchrun (under Ray, packfeed train packs its own rows)")
-    from packfeed.trainer.run import train
-
     train(config, output=output, address=args.address, resume=args.resume, overwrite=args.overwrite,
           no_memory_check=args.no_memory_check)  # the memory plan is checked before Ray starts
     return 0

@@ -13,10 +13,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from packfeed.service.data.config import DataConfig, check_known_keys, close_match
-from packfeed.service.delivery.hub import PIECE_ROWS
-from packfeed.service.pipeline.placement import check_resources, check_selector
-from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS, PackingScaling
+from packfeed.service.face import (
+    PACKING_TABLE_KEYS,
+    PIECE_ROWS,
+    DataConfig,
+    PackingScaling,
+    check_known_keys,
+    check_resources,
+    check_selector,
+    close_match,
+)
+from packfeed.trainer.attention import ATTENTION_CHOICES
 from packfeed.trainer.dpo_loss import DpoLoss
 from packfeed.trainer.tiny_models import TINY_FAMILIES
 
@@ -48,8 +55,6 @@ class ModelConfig:
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from packfeed.trainer.attention import ATTENTION_CHOICES
-
         if not self.name or not isinstance(self.name, str):
             raise ValueError(f"model name must be a Hugging Face id, a local directory or tiny-<family>, got {self.name!r}")
         if not isinstance(self.overrides, Mapping):

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from packfeed.service import storage
+from packfeed.service.face import is_remote, write_bytes_atomic
+from packfeed.trainer.run_dir import read_text
 
 # Dense bf16 peak FLOP/s by device-name substring.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
@@ -107,7 +108,7 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """One record more in ``path``: a line appended on disk; on an object store (a URI), which
     cannot append, the object written whole again (a GET and a PUT: records are small and a
     few per minute)."""
-    if storage.is_remote(os.fspath(path)):
+    if is_remote(os.fspath(path)):
         _write_jsonl(path, [*read_jsonl(path), record])
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -125,12 +126,10 @@ def keep_records_until(path: str | Path, step: int) -> None:
 
 
 def _write_jsonl(path: str | Path, records: list[dict[str, Any]]) -> None:
-    storage.write_bytes_atomic(os.fspath(path), "".join(json.dumps(r) + "\n" for r in records).encode())
+    write_bytes_atomic(os.fspath(path), "".join(json.dumps(r) + "\n" for r in records).encode())
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    from packfeed.trainer.run_dir import read_text
-
     text = read_text(os.fspath(path))
     return [] if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
 
@@ -224,4 +223,4 @@ def plot_loss(records: list[dict[str, Any]], path: str | Path) -> None:
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=100)
     plt.close(fig)
-    storage.write_bytes_atomic(os.fspath(path), image.getvalue())
+    write_bytes_atomic(os.fspath(path), image.getvalue())

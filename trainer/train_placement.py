@@ -6,8 +6,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from packfeed.service.pipeline import placement
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.face import (
+    DRIVER_DEFAULT,
+    TRAINER_DEFAULT,
+    PackingScaling,
+    check_fits,
+    label_matches,
+    node_resources,
+    resolve_selector,
+)
 from packfeed.trainer.train_config import TrainScaling
 
 
@@ -24,22 +31,22 @@ class Placement:
 
 def check_placement(scaling: TrainScaling, *, use_gpu: bool, nodes: list | None = None) -> Placement:
     """The run's selectors, after checking that train workers and packing actors fit (also
-    together, on the nodes they share). ``nodes``: as ``placement.node_resources()`` (tests)."""
-    nodes = placement.node_resources() if nodes is None else nodes
+    together, on the nodes they share). ``nodes``: as ``node_resources()`` (tests)."""
+    nodes = node_resources() if nodes is None else nodes
     packing = scaling.packing
     chosen = Placement(
         packer=packing.placed(nodes).labels,
-        trainer=placement.resolve(scaling.trainer_labels, placement.TRAINER_DEFAULT, nodes),
-        driver=placement.resolve(scaling.driver_labels, placement.DRIVER_DEFAULT, nodes),
+        trainer=resolve_selector(scaling.trainer_labels, TRAINER_DEFAULT, nodes),
+        driver=resolve_selector(scaling.driver_labels, DRIVER_DEFAULT, nodes),
     )
     trainer_request = {"CPU": scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}), **scaling.trainer_resources}
     packer_request = {"CPU": packing.cpus_per_worker, **packing.resources}
-    placement.check_fits("train workers", trainer_request, scaling.num_workers, chosen.trainer, nodes)
-    placement.check_fits("packing actors", packer_request, packing.num_workers, chosen.packer, nodes)
-    placement.check_fits("the feeder", {}, 1, chosen.driver, nodes)
-    shared = [n for n in nodes if placement.label_matches(n["labels"], chosen.trainer)
-              and placement.label_matches(n["labels"], chosen.packer)]
-    if shared and len(shared) == len([n for n in nodes if placement.label_matches(n["labels"], chosen.trainer)]):
+    check_fits("train workers", trainer_request, scaling.num_workers, chosen.trainer, nodes)
+    check_fits("packing actors", packer_request, packing.num_workers, chosen.packer, nodes)
+    check_fits("the feeder", {}, 1, chosen.driver, nodes)
+    shared = [n for n in nodes if label_matches(n["labels"], chosen.trainer)
+              and label_matches(n["labels"], chosen.packer)]
+    if shared and len(shared) == len([n for n in nodes if label_matches(n["labels"], chosen.trainer)]):
         # Train workers and packers share every node: their CPUs add up (Ray deadlocks otherwise).
         need = scaling.num_workers * scaling.cpus_per_worker + packing.num_workers * packing.cpus_per_worker
         have = sum(float(n["resources"].get("CPU", 0)) for n in shared)

@@ -32,7 +32,7 @@ from typing import Any
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
-from packfeed.service import faults
+from packfeed.service.face import adopt_faults, fault_point
 from packfeed.trainer.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
 from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
@@ -50,6 +50,7 @@ from packfeed.trainer.parallelize import (
     unwrapped,
 )
 from packfeed.trainer.run_dir import path, save_final_model
+from packfeed.trainer.runtime import RayRuntime
 from packfeed.trainer.train_state import TrainState
 from packfeed.trainer.step import accumulate_gradients, train_step
 
@@ -62,9 +63,7 @@ def train_loop_per_worker(config: dict) -> None:
     """Ray Train's entry on every rank. ``config``: {"run": RunConfig.to_dict(), "feeder":
     actor handle, "output": str, "resume_from": checkpoint dir or None, "pad_id": int,
     "vocab_size": int, "faults": the driver's fault injection settings}."""
-    from packfeed.trainer.runtime import RayRuntime
-
-    faults.adopt(config.get("faults"))
+    adopt_faults(config.get("faults"))
     runtime = RayRuntime(config["feeder"], resume_from=config.get("resume_from"))
     _quiet_ray_train_logs()
     run = RunConfig.from_dict(config["run"])
@@ -153,7 +152,7 @@ def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) ->
         if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
             _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=result.loss)
             reported = step
-        faults.point("train-step", step, rank=rank)
+        fault_point("train-step", step, rank=rank)
     if step > start_step and reported != step:
         # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
         _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=float("nan"))

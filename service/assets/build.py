@@ -22,6 +22,8 @@ import json
 import random
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
 ASSETS = Path(__file__).resolve().parent
 SEED = 20261121
 VOCAB_SIZE = 4096
@@ -133,7 +135,6 @@ def make_corpus(rng: random.Random) -> dict[str, list[dict]]:
 
 def train_tokenizer(texts: list[str], out_dir: Path) -> int:
     """Train and save the tokenizer; returns its vocabulary size (added tokens included)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())

@@ -11,6 +11,7 @@ command reads the tables it needs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -31,7 +32,10 @@ from packfeed.service.data.config import (
     TOKENIZER_BACKENDS,
     DataConfig,
     check_row_length,
+    close_match,
 )
+from packfeed.service.pipeline.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
+from packfeed.service.storage import is_remote
 
 CONFIG_TABLES = ("data", "scaling", "model", "train", "output")
 # [scaling] keys of train's workers and feeder; the packing actors' are scaling.TABLE_KEYS (pack, serve, train)
@@ -108,8 +112,6 @@ def unrecognized_message(extras: list[str], parser: argparse.ArgumentParser,
     (``--seq_len`` -> ``--seq-len``), else the other subcommands that have it (``pack --port``:
     a flag of ``packfeed serve``). The values after an unknown flag are not repeated; without
     any flag, argparse's own words."""
-    from packfeed.service.data.config import close_match
-
     flags = _options(extras)
     if not flags:
         return f"unrecognized arguments: {' '.join(extras)}"
@@ -233,10 +235,6 @@ def absolute_paths(config: DataConfig) -> DataConfig:
     """The config with its local paths (inputs, a tokenizer directory) made absolute, from
     ``user_dir()``: actors on other nodes, and workers that do not share this process's
     directory, read them as given, and ``.packfeed/config.json`` records them."""
-    import dataclasses
-
-    from packfeed.service.storage import is_remote
-
     base = user_dir()
 
     def local(path: str) -> str:
@@ -264,8 +262,6 @@ def glob_like(path: str) -> bool:
 def packing_from_args(args: argparse.Namespace, base: dict[str, Any] | None = None):
     """The packing actors' PackingScaling from [scaling] and the flags, checked here, before Ray
     starts (labels None: the role default, resolved once Ray is up)."""
-    from packfeed.service.pipeline.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
-
     table = dict((base or {}).get("scaling", {}))
     unknown = sorted(set(table) - set(TABLE_KEYS) - set(TRAIN_SCALING_KEYS))
     if unknown:
@@ -306,8 +302,6 @@ def resolve_output(path: str | Path, flag: str = "--output") -> str | Path:
     current directory is Ray's temporary copy of the working dir) the submitting directory that
     deploy/local/submit.sh passes; without it, a relative path in a Ray job is refused (its
     files would vanish with the copy)."""
-    from packfeed.service.storage import is_remote
-
     if is_remote(os.fspath(path)):
         return os.fspath(path)
     path = Path(path).expanduser()

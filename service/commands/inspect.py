@@ -28,6 +28,12 @@ import json
 
 import numpy as np
 
+from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
+from packfeed.service import storage
+from packfeed.service.packed.writer import open_parquet, packed_dir_info, part_files
+from packfeed.service.pipeline.summary import format_summary, upgrade_stats
+from packfeed.service.tokenize.samples import load_tokenizer
+
 HELP = "show a packed directory's stats and decode rows (segments, trained tokens)"
 ORDER = 3
 
@@ -40,10 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service import storage
-    from packfeed.service.pipeline.stats import format_summary, upgrade_stats
-    from packfeed.service.packed.writer import packed_dir_info
-
     shown = storage.display(args.directory)  # a URI's credentials are never printed
     info = packed_dir_info(args.directory)  # an unfinished pack: ValueError saying what is there
     if info is None:
@@ -64,11 +66,6 @@ def run(args: argparse.Namespace) -> int:
 def decode_row(directory: str, index: int, tokenizer_name: str) -> str:
     """Row ``index`` of the directory (a path or URI) as text, segment by segment, trained
     tokens in [[ ]]."""
-    from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID
-    from packfeed.service import storage
-    from packfeed.service.tokenize.samples import load_tokenizer
-    from packfeed.service.packed.writer import open_parquet, part_files
-
     table, first = None, 0
     for f in part_files(directory):
         part = open_parquet(f)

@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the pipeline, imported when it runs: `packfeed` imports every subcommand module to build its parser
     from packfeed.service.pipeline.pack_run import run_pack
 
     positive_number("--progress-seconds", args.progress_seconds)

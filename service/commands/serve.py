@@ -33,7 +33,7 @@ import logging
 import os
 from pathlib import Path
 
-from packfeed.client.transport import TOKEN_ENV, resolve_token
+from packfeed.client.transport import MAX_MESSAGE_BYTES, TOKEN_ENV, batch_message_limit, resolve_token
 from packfeed.service import storage
 from packfeed.service.commands.args import (
     add_data_arguments,
@@ -43,6 +43,9 @@ from packfeed.service.commands.args import (
     positive_number,
     resolve_output,
 )
+from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.delivery.row_stream import find_packed_dir
+from packfeed.service.pipeline.scaling import PackingScaling
 
 HELP = "stream packed batches over gRPC to any training loop"
 ORDER = 1
@@ -129,11 +132,9 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packfeed.service.delivery.manifest import Manifest
-    from packfeed.service.delivery.row_stream import find_packed_dir
+    # the server, imported when it runs: `packfeed` imports every subcommand module to build its parser
     from packfeed.service.delivery.serve_run import ServeOptions, run_serve
     from packfeed.service.delivery.server import check_tls_files, port_problem
-    from packfeed.service.pipeline.scaling import PackingScaling
 
     token = read_token(args.auth_token_file)
     check_args(args, token)
@@ -194,8 +195,6 @@ def _check_packed_flags(args: argparse.Namespace, packed) -> None:
 
 def _check_batch_bytes(max_batch_rows: int, seq_len: int) -> None:
     """A batch of --max-batch-rows rows must fit in one gRPC message (2 GiB)."""
-    from packfeed.client.transport import MAX_MESSAGE_BYTES, batch_message_limit
-
     if batch_message_limit(max_batch_rows, seq_len) > MAX_MESSAGE_BYTES:
         per_row = batch_message_limit(2, seq_len) - batch_message_limit(1, seq_len)
         most = (MAX_MESSAGE_BYTES - batch_message_limit(0, seq_len)) // per_row

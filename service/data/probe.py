@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from packfeed.service.data.plan import StreamPlan, file_pieces
+from packfeed.service.data.plan import SourcePlan, StreamPlan, file_pieces
 from packfeed.service.inputs.records import record_format
 from packfeed.service.inputs.read import WindowSpec, read_window
 
@@ -106,10 +106,6 @@ def _bad_source_message(s, reports: list[FileProbe]) -> str:
 
 def _auto_formats(s, reports: list[FileProbe]) -> set[str]:
     """Formats the probed rows would have with format auto (for the hint)."""
-    from dataclasses import replace
-
-    from packfeed.service.data.plan import SourcePlan
-
     auto: SourcePlan = replace(s, format="auto")
     found: set[str] = set()
     for f, report in enumerate(reports):

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packfeed.client.offsets import offsets_of, starts_of
 from packfeed.service import storage
@@ -46,8 +48,6 @@ def read_columnar(path: str, kind: str, ranges: list[tuple[int, int]], fmt: str,
     version planned (fileio.py); another one raises ``storage.StorageError`` naming the file."""
     if kind == "parquet":
         return _read_parquet(path, ranges, fmt, expect)
-    import pyarrow as pa
-
     batches = _arrow_batches_for(path, ranges, expect)  # (first row, batch), ascending
     names = batches[0][1].schema.names if batches else []
     columns = [c for c in FORMAT_COLUMNS[fmt] if c in names]
@@ -60,8 +60,6 @@ def read_columnar(path: str, kind: str, ranges: list[tuple[int, int]], fmt: str,
 
 
 def _read_parquet(path: str, ranges: list[tuple[int, int]], fmt: str, expect: storage.ObjectInfo | None) -> list[Any]:
-    import pyarrow.parquet as pq
-
     with open_arrow_input(path, "parquet", expect=expect) as source:
         pf = pq.ParquetFile(source)
         sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
@@ -85,8 +83,6 @@ def _arrow_batches_for(path: str, ranges: list[tuple[int, int]],
                        expect: storage.ObjectInfo | None) -> list[tuple[int, Any]]:
     """(first row, batch) of the batches of an Arrow IPC file or stream that the ranges touch,
     decoded message by message from where the file's index (``_ArrowIndex``) says to start."""
-    import pyarrow as pa
-
     last = max(hi for _, hi in ranges)
 
     def touched(row: int, n: int) -> bool:
@@ -143,16 +139,12 @@ def _sequential(source: Any, remote: bool, buffer_size: int) -> Any:
     """``source`` for reading forward from where it is: on a store, in reads of at least
     ``buffer_size`` bytes (a message's metadata and body would be a GET each, ~4 a batch);
     a local memory map as it is (zero copy). Hand it to ``_release`` when done."""
-    import pyarrow as pa
-
     return pa.BufferedInputStream(source, buffer_size) if remote else source
 
 
 def _release(stream: Any) -> None:
     """Let go of a ``_sequential`` stream without closing its source (a buffered stream closes
     the file under it when it is dropped)."""
-    import pyarrow as pa
-
     if isinstance(stream, pa.BufferedInputStream):
         stream.detach()
 
@@ -167,8 +159,6 @@ class _ArrowIndex:
     HEAD_BYTES = 64 << 10  # one read holds the magic and the schema message
 
     def __init__(self, schema: Any, base: int, prefix: int, first_offset: int) -> None:
-        import pyarrow as pa
-
         self.schema, self.base, self.prefix = schema, base, prefix
         self.dictionaries = any(pa.types.is_dictionary(f.type) for f in schema)
         self.offsets, self.starts = array.array("q", [first_offset]), array.array("q", [0])
@@ -177,8 +167,6 @@ class _ArrowIndex:
     def read_head(cls, path: str, source: Any, remote: bool) -> "_ArrowIndex":
         """The schema, and where the first batch starts: after "ARROW1\\0\\0" in the file format,
         and the schema message (its length prefix 8 bytes, 4 in the pre-1.0 format)."""
-        import pyarrow as pa
-
         source.seek(0)
         head = source.read(12)
         base = 8 if head[:6] == b"ARROW1" else 0

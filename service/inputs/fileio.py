@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from packfeed.service import storage
 
@@ -65,8 +66,6 @@ def open_arrow_input(path: str, kind: str, *, expect: storage.ObjectInfo | None 
     file is memory mapped (its record batches are zero-copy views); anything else reads the
     byte ranges pyarrow asks for."""
     if kind == "arrow" and not storage.is_remote(path):
-        import pyarrow as pa
-
         source = open_input(path, expect=expect)  # the check, and one error for a missing file
         source.close()
         return pa.memory_map(storage.resolve(path)[1], "r")

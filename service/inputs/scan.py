@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packfeed.service.inputs.fileio import open_arrow_input, open_input
 from packfeed.service.inputs.ipc_footer import ipc_file_rows
@@ -176,16 +178,12 @@ def count_rows(path: str, kind: str, expect: ObjectInfo | None = None) -> int:
         return 0
     if kind == "text":
         return 1
-    import pyarrow as pa
-
     if kind == "arrow":
         rows = ipc_file_rows(path, size, expect=expect)
         if rows is not None:
             return rows
     with open_arrow_input(path, kind, expect=expect) as f:
         if kind == "parquet":
-            import pyarrow.parquet as pq
-
             return pq.ParquetFile(f).metadata.num_rows
         source = pa.PythonFile(ReadAhead(f), mode="r") if is_remote(path) else f
         try:

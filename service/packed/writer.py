@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from packfeed.client.rows import PackedRows
 from packfeed.service import storage
-from packfeed.service.packed.arrow_rows import PART_SCHEMA, ROW_SCHEMA, rows_to_arrow
+from packfeed.service.packed.arrow_rows import PART_SCHEMA, ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.packed.location import (
     META_DIR,
     check_output,
@@ -279,8 +279,6 @@ def open_parquet(path: str, *, expect: storage.ObjectInfo | None = None, metadat
 
 def read_packed_dir(out_dir: str | Path) -> PackedRows:
     """Read a whole output directory back (for tests and small outputs; streams are in files)."""
-    from packfeed.service.packed.arrow_rows import rows_from_arrow
-
     files = part_files(out_dir)
     if not files:
         return rows_from_arrow(ROW_SCHEMA.empty_table())

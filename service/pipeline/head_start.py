@@ -63,7 +63,9 @@ from packfeed.client.rows import PackedRows, check_rows, renumber_rows
 from packfeed.service import faults, storage
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
+from packfeed.service.packed.writer import write_part
 from packfeed.service.pipeline import placement
+from packfeed.service.pipeline import window as windows  # process_window looked up per call: drills slow it
 from packfeed.service.pipeline.part_sink import RowLedger, part_name
 from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.service.pipeline.stats import WindowStats
@@ -161,16 +163,14 @@ class HeadStart:
         writer = threading.Thread(target=self._write_released, name="packfeed-head-start-writer", daemon=True)
         writer.start()
         try:
-            from packfeed.service.pipeline.window import process_window, window_tokenizers
-
-            tokenizers = window_tokenizers(self.config, self.plan, self.tokenizer, threads=1)
+            tokenizers = windows.window_tokenizers(self.config, self.plan, self.tokenizer, threads=1)
             while (k := self._claim()) is not None:
                 began, own, others = time.perf_counter(), time.process_time(), others_cpu_seconds()
                 with self._cond:
                     self._began = k, began, own, others
                     self._cond.notify_all()
                 faults.point("packer-window", k)
-                rows, stats = process_window(self.plan.window(k), tokenizers, self.config, self.plan)
+                rows, stats = windows.process_window(self.plan.window(k), tokenizers, self.config, self.plan)
                 seconds = time.perf_counter() - began
                 if k == 0:
                     self._first_seconds = seconds
@@ -239,8 +239,6 @@ class HeadStart:
                     k, rows, stats = self._held.pop(0)
                 name = None
                 if rows.num_rows:
-                    from packfeed.service.packed.writer import write_part
-
                     name = part_name(k, self.plan.num_windows)
                     write_part(storage.join(self.output, name), rows, seq_len=self.config.seq_len,
                                config_hash=self.config.config_hash())

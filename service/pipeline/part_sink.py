@@ -34,7 +34,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from packfeed.client.rows import PackedRows, renumber_rows
+from packfeed.client.rows import PackedRows, check_rows, renumber_rows
+from packfeed.service import storage
+from packfeed.service.packed.writer import write_part
 
 _NAMESPACE = "packfeed-row-ledger"
 _FAILED = "failed: "  # a window's end key when its packer failed (``RowLedger.fail``)
@@ -138,9 +140,6 @@ class PartSink:
         """Number ``rows`` (window-local) globally and write them to the window's part file:
         (its name, None for a window without rows; the seconds spent numbering them, wall clock
         and this process's CPU: most of it waiting for the window before to be numbered)."""
-        from packfeed.service import storage
-        from packfeed.service.packed.writer import write_part
-
         asked, asked_cpu = time.perf_counter(), time.process_time()
         first = self.ledger.number(window, rows.num_rows)
         numbering = (time.perf_counter() - asked, time.process_time() - asked_cpu)
@@ -148,8 +147,6 @@ class PartSink:
             return None, numbering
         rows = renumber_rows(rows, first)
         if self.validate:
-            from packfeed.client.rows import check_rows
-
             check_rows(rows, self.seq_len)
         name = part_name(window, self.num_windows)
         write_part(storage.join(self.out_dir, name), rows, seq_len=self.seq_len, config_hash=self.config_hash)

@@ -34,6 +34,7 @@ from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
@@ -50,6 +52,7 @@ from packfeed.service import faults
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows_to_arrow
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
+from packfeed.service.metrics import WindowMetrics
 from packfeed.service.pipeline.part_sink import PartSink
 from packfeed.service.pipeline.placement import node_resources
 from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
@@ -59,61 +62,81 @@ from packfeed.service.pipeline.stats import RunStats, WindowStats, fold_window, 
 PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))
 
 
+@dataclass
+class ActorTimings:
+    """A packing actor's start-up, wall clock (``time.time``), as startup.py's
+    ``ACTOR_PHASES`` name its instants: when its process started, its ``__init__`` began,
+    packfeed's imports and its tokenizers were done (filled in ``__init__``), and on its first window
+    when the call began, the rows were packed and written (filled around ``process_window``
+    and the write). Said once, with the actor's first window: the ``timings`` column, as JSON
+    of the instants set (a first window the driver packed: the first four)."""
+
+    process_created: float
+    init_start: float
+    imports_done: float | None = None
+    tokenizer_done: float | None = None
+    call_start: float | None = None
+    packed: float | None = None
+    written: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+
+
 class WindowActor:
     """Ray Data callable class: a window number in, that window's packed rows out."""
 
     def __init__(self, config: DataConfig, plan: StreamPlan, threads: int, faults_env: dict | None = None,
                  sink: PartSink | None = None, tokenizer: Any = None) -> None:
-        self.timings: dict[str, float] | None = {"process_created": _process_created(), "init_start": time.time()}
+        self.timings: ActorTimings | None = ActorTimings(_process_created(), time.time())
         faults.adopt(faults_env)  # the driver's $PACKFEED_FAULTS (Ray started this process before it was set)
         # The Rust tokenizer sizes its thread pool once, on first use: match the CPUs the
         # actor was given instead of fighting the other actors for every core.
         os.environ["RAYON_NUM_THREADS"] = str(threads)
-        from packfeed.service.pipeline.window import window_tokenizers
+        # here, not at the top: its import is a phase of its own (actor_packfeed_imports_s, startup.py)
+        from packfeed.service.pipeline.window import process_window, window_tokenizers
 
-        self.timings["imports_done"] = time.time()
+        self.process_window = process_window
+
+        self.timings.imports_done = time.time()
         self.config, self.plan, self.sink = config, plan, sink
         self.tokenizers = window_tokenizers(config, plan, config.tokenizer if tokenizer is None else tokenizer, threads)
-        self.timings["tokenizer_done"] = time.time()
-        from packfeed.service.metrics import WindowMetrics
-
+        self.timings.tokenizer_done = time.time()
         self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint
         self.source_names = [s.name for s in plan.sources]
         self.threads, self.packed_windows = threads, 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
-        from packfeed.service.pipeline.window import process_window
+        return pa.concat_tables([self._window(int(k)) for k in batch["window"]])
 
-        tables = []
-        for k in batch["window"]:
-            called = time.time()
-            if self.sink is not None and self.sink.driver_claims and not self.sink.ledger.claim(int(k), "actors"):
-                tables.append(written_table(int(k), None, None, None, self._take_timings()))  # the driver's
-                continue
-            busy_from, cpu_from = time.perf_counter(), time.process_time()
-            faults.point("packer-window", int(k))
-            rows, stats = process_window(self.plan.window(int(k)), self.tokenizers, self.config, self.plan)
-            self.metrics.record(stats, self.source_names)
-            if self.sink is None:
-                tables.append(window_table(int(k), rows, stats))
-                continue
-            packed = time.time()
-            name, numbering = self.sink.write(int(k), rows)
-            timings = self._take_timings()
-            if timings is not None:
-                timings.update(call_start=called, packed=packed, written=time.time())
-            # for the rates per packing core: this window's seconds (wall clock times the actor's
-            # CPUs) and the CPU time this process spent on it, both less the wait for the window
-            # before to be numbered; none for the actor's first (proof, imports)
-            spent = None
-            if self.packed_windows:
-                wall = time.perf_counter() - busy_from - numbering[0]
-                spent = (wall * self.threads, time.process_time() - cpu_from - numbering[1])
-            self.packed_windows += 1
-            tables.append(written_table(int(k), rows, name, stats, timings, spent))
-        return pa.concat_tables(tables)
+    def _window(self, k: int) -> pa.Table:
+        """Window ``k`` packed: its rows (no sink), or written to its part file and said in one
+        row (``written_table``), with this actor's timings on its first window."""
+        called = time.time()
+        if self.sink is not None and self.sink.driver_claims and not self.sink.ledger.claim(k, "actors"):
+            return written_table(k, None, None, None, self._take_timings())  # the driver's
+        busy_from, cpu_from = time.perf_counter(), time.process_time()
+        faults.point("packer-window", k)
+        rows, stats = self.process_window(self.plan.window(k), self.tokenizers, self.config, self.plan)
+        self.metrics.record(stats, self.source_names)
+        if self.sink is None:
+            return window_table(k, rows, stats)
+        packed = time.time()
+        name, numbering = self.sink.write(k, rows)
+        timings = self._take_timings()
+        if timings is not None:
+            timings.call_start, timings.packed, timings.written = called, packed, time.time()
+        # for the rates per packing core: this window's seconds (wall clock times the actor's
+        # CPUs) and the CPU time this process spent on it, both less the wait for the window
+        # before to be numbered; none for the actor's first (proof, imports)
+        spent = None
+        if self.packed_windows:
+            wall = time.perf_counter() - busy_from - numbering[0]
+            spent = (wall * self.threads, time.process_time() - cpu_from - numbering[1])
+        self.packed_windows += 1
+        return written_table(k, rows, name, stats, timings, spent)
 
-    def _take_timings(self) -> dict[str, float] | None:
+    def _take_timings(self) -> ActorTimings | None:
         """The actor's start-up, said with its first window only."""
         timings, self.timings = self.timings, None
         return timings
@@ -121,13 +144,11 @@ class WindowActor:
 
 def _process_created() -> float:
     """When this process started (wall clock), for the start-up by phase."""
-    import psutil
-
     return psutil.Process().create_time()
 
 
 def written_table(window: int, rows: PackedRows | None, file: str | None, stats: WindowStats | None,
-                  timings: dict[str, float] | None, spent: tuple[float, float] | None = None) -> pa.Table:
+                  timings: ActorTimings | None, spent: tuple[float, float] | None = None) -> pa.Table:
     """What the driver gets of a window an actor wrote (``PartSink``): one row, no tokens
     (``rows`` and ``stats`` None: the driver packed that window, head_start.py). ``spent``:
     (``core_seconds``, ``cpu_seconds``) of ``WrittenWindow``."""
@@ -135,7 +156,7 @@ def written_table(window: int, rows: PackedRows | None, file: str | None, stats:
         "window": pa.array([window], pa.int64()), "rows": pa.array([rows.num_rows if rows else 0], pa.int64()),
         "tokens": pa.array([rows.num_real_tokens if rows else 0], pa.int64()), "file": pa.array([file], pa.string()),
         "stats": pa.array([None if stats is None else stats.to_json()], pa.string()),
-        "timings": pa.array([None if timings is None else json.dumps(timings)], pa.string()),
+        "timings": pa.array([None if timings is None else timings.to_json()], pa.string()),
         "core_seconds": pa.array([spent and spent[0]], pa.float64()),
         "cpu_seconds": pa.array([spent and spent[1]], pa.float64()),
     })  # fmt: skip

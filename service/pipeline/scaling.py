@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from packfeed.service.pipeline import placement
+from packfeed.service.pipeline import placement, raycluster
 
 # [scaling] key -> PackingScaling field
 TABLE_KEYS = {
@@ -144,9 +144,7 @@ def check_packing(scaling: PackingScaling, nodes: Sequence[Mapping[str, Any]] | 
     left to the check once it is up."""
     embedded = False
     if nodes is None:
-        from packfeed.service.pipeline.raycluster import ray_initialised
-
-        embedded = not ray_initialised()
+        embedded = not raycluster.ray_initialised()
         nodes = [placement.embedded_node()] if embedded else placement.node_resources()
     placed = scaling.placed(nodes)
     request = {"CPU": placed.cpus_per_worker, **{k: v for k, v in placed.resources.items()

@@ -6,26 +6,10 @@ validated records (see records.py) into flat arrays, CSR style: sample i is
 loss trains it and IGNORE_INDEX elsewhere; the first token of each sample is NOT masked here
 (the packer does that, see client/rows.py).
 
-What is trained, by format and ``loss`` ("auto" by default):
-
-=====================  ====================================  ================================
-format                 tokens                                trained ("auto"/"completion")
-=====================  ====================================  ================================
-text                   tokenizer(text) (its special tokens)  every token ("completion" too)
-prompt_completion,     tokenizer(prompt + completion)        the completion: from the first
-strings                                                      token that ends inside it
-prompt_completion,     chat template of prompt + completion  the completion messages, from the
-messages               (ids == apply_chat_template's)        end of the generation prompt
-messages               apply_chat_template(messages) ids     assistant turns (see below)
-preference             prompt + chosen, then prompt +        both answers (pairs.py: one
-                       rejected (TRL's DPO tokenization)     sample of two segments)
-=====================  ====================================  ================================
-
-``loss="all"`` trains every token. With ``add_eos`` an EOS is appended unless the sample
-already ends with one; it is trained when the token before it is. Which characters of a chat
-sample are assistant turns: chat.py (``ChatTemplateError`` when the template cannot say); the
-mask kernels: masks.py. A sample left with no trained token after its first (e.g. no assistant
-turn) is skipped as ``no_trained_tokens``.
+What is trained, by format and ``loss`` (the table), and how each format is encoded as one batch
+and merged back in record order: format_groups.py. With ``add_eos`` an EOS is appended unless the
+sample already ends with one; it is trained when the token before it is. A sample left with no
+trained token after its first (e.g. no assistant turn) is skipped as ``no_trained_tokens``.
 
 Encoders (encoders.py): the tokenizer's own Rust backend (``backend="hf"``) or quicktok's exact
 byte-level BPE (``"fast"``, ~25x the HF single-core rate on code with Qwen2.5's vocabulary),
@@ -49,24 +33,31 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from packfeed.client.offsets import offsets_of, starts_of, take_runs
+from packfeed.client.offsets import offsets_of
 from packfeed.client.rows import IGNORE_INDEX
 from packfeed.service.data.config import LOSS_MODES
 from packfeed.service.inputs.read import RawWindow
-from packfeed.service.inputs.records import (
-    NO_TRAINED_TOKENS, TEMPLATE_ERROR, TOKENIZER_ERROR, Conversation, Preference, PromptCompletion, Skip,
-)
-from packfeed.service.tokenize.fast.backend import BACKENDS, EncoderChoice
+from packfeed.service.inputs.records import NO_TRAINED_TOKENS, Conversation, Preference, PromptCompletion, Skip
+from packfeed.service.tokenize import snapshots
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, locate_error, render_record
+from packfeed.service.tokenize.fast.backend import BACKENDS, EncoderChoice
 from packfeed.service.tokenize.fast.chat_tokens import TurnEncoder
-from packfeed.service.tokenize.encoders import Encoded
+from packfeed.service.tokenize.format_groups import (
+    FormatGroup,
+    merge_groups,
+    rendered_group,
+    standard_group,
+    text_group,
+    turns_group,
+)
 from packfeed.service.tokenize.hf_hub import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
-from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first, ranges_to_mask
+from packfeed.service.tokenize.masks import append_eos, has_trained_token_after_first
 from packfeed.service.tokenize.pair_tokens import encode_pairs
+from packfeed.service.tokenize.shipped import ShippedTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -98,18 +89,6 @@ class TokenizedSamples:
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
-
-
-@dataclass
-class _Group:
-    """Encoded samples of one format group, before they are merged in record order."""
-
-    positions: np.ndarray  # int64 [m], indices into RawWindow.records
-    lengths: np.ndarray  # int64 [m]
-    ids: np.ndarray  # int32 [T]
-    trained: np.ndarray  # bool [T]
-    chosen_lens: np.ndarray | None = None  # int64 [m], pairs' chosen segments (0: no pair); None: no pairs
-    prompt_lens: np.ndarray | None = None  # int64 [m]
 
 
 def _rendered(renderer: ChatRenderer, raw: RawWindow, i: int, all_loss: bool) -> Any:
@@ -191,8 +170,6 @@ class SampleTokenizer:
     def ship(self) -> Any:
         """This tokenizer as the packing actors get it (``ShippedTokenizer``): rebuilt there
         without transformers, with the driver's steps 1-3 of the fast back-end's proof."""
-        from packfeed.service.tokenize.shipped import ShippedTokenizer
-
         return ShippedTokenizer.of(self._tok, self._encoders.proof(), native_chat=self._native_chat)
 
     @property
@@ -301,13 +278,13 @@ class SampleTokenizer:
         groups = [
             g
             for g in (
-                self._encode_text(encoder, records, text_pos, skipped),
-                self._encode_standard(encoder, records, std_pos, skipped),
+                text_group(encoder, records, text_pos, skipped),
+                standard_group(encoder, records, std_pos, skipped, self.loss == "all"),
                 self._encode_chat(encoder, raw, chat_pos, skipped),
             )
             if g is not None
         ]
-        g = _merge(groups)
+        g = merge_groups(groups)
         positions, lengths, ids, trained = g.positions, g.lengths, g.ids, g.trained
         if self.add_eos:
             lengths, ids, trained = append_eos(lengths, ids, trained, self._eos)
@@ -316,12 +293,12 @@ class SampleTokenizer:
             skipped += [(int(p), NO_TRAINED_TOKENS, "no token after the first is trained") for p in positions[~keep]]
             token_keep = np.repeat(keep, lengths)
             positions, lengths, ids, trained = positions[keep], lengths[keep], ids[token_keep], trained[token_keep]
-        g = _Group(positions, lengths, ids, trained)
+        g = FormatGroup(positions, lengths, ids, trained)
         pairs = encode_pairs(encoder, raw, pair_pos, skipped, renderer=self._renderer, all_loss=self.loss == "all",
                              eos=self._eos if self.add_eos else None)  # their EOS: per segment
         if pairs is not None:
-            g = _merge([g, _Group(pairs.positions, pairs.lengths, pairs.ids, pairs.trained, pairs.chosen_lens,
-                                  pairs.prompt_lens)])
+            g = merge_groups([g, FormatGroup(pairs.positions, pairs.lengths, pairs.ids, pairs.trained,
+                                             pairs.chosen_lens, pairs.prompt_lens)])
         skips = self._skips(raw, skipped)
         labels = np.where(g.trained, g.ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
         return TokenizedSamples(g.ids, labels, offsets_of(g.lengths), raw.sample_ids[g.positions], skips,
@@ -332,100 +309,17 @@ class SampleTokenizer:
             self._chat = ChatRenderer(self._tok, self.name, native=self._native_chat)
         return self._chat
 
-    # ---- format groups ---------------------------------------------------------------------
-    def _encode_text(self, encoder: Any, records: list[Any], pos: list[int], skipped: list) -> _Group | None:
-        if not pos:
-            return None
-        texts = records if len(pos) == len(records) else [records[i] for i in pos]
-        enc, pos = self._encode(encoder, texts, pos, True, skipped, edges=False)
-        return _Group(np.asarray(pos, np.int64), enc.lengths, enc.ids, np.ones(len(enc.ids), dtype=bool))
-
-    def _encode_standard(self, encoder: Any, records: list[Any], pos: list[int], skipped: list) -> _Group | None:
-        """tokenizer(prompt + completion); trained from the first token that ends after the prompt
-        (where the prompt's and the whole text's tokens diverge, as TRL does)."""
-        if not pos:
-            return None
-        texts = [records[i].prompt + records[i].completion for i in pos]
-        all_loss = self.loss == "all"
-        enc, kept = self._encode(encoder, texts, pos, True, skipped, edges=not all_loss)
-        if all_loss:
-            return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, np.ones(len(enc.ids), dtype=bool))
-        first = enc.first_tokens([len(records[p].prompt) for p in kept])
-        ranges = [[(f, n)] for f, n in zip(first.tolist(), enc.lengths.tolist())]
-        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, ranges_to_mask(enc.lengths, ranges))
-
-    def _encode_chat(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list) -> _Group | None:
+    # ---- format groups (format_groups.py) -------------------------------------------------------
+    def _encode_chat(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list) -> FormatGroup | None:
         if not pos:
             return None
         all_loss = self.loss == "all"
-        by_turns, pos = self._encode_turns(encoder, raw, pos, all_loss)
-        by_text = self._encode_rendered(encoder, raw, pos, skipped, all_loss) if pos else None
-        groups = [g for g in (by_turns, by_text) if g is not None]
-        return _merge(groups) if groups else None
-
-    def _encode_turns(self, encoder: Any, raw: RawWindow, pos: list[int],
-                      all_loss: bool) -> tuple[_Group | None, list[int]]:
-        """The conversations of a known ChatML template that the fast encoder tokenizes from their
-        turns (chat_tokens.py), and the positions left for the text path."""
         if self._turns is None or self._turns[0] is not encoder:
             self._turns = (encoder, TurnEncoder.of(encoder))
-        turns = self._turns[1]
-        if turns is None:
-            return None, pos
-        renderer, chat, candidates, rest = self._renderer(), None, [], []
-        for i in pos:
-            r = raw.records[i]
-            native = renderer.native_for(r.messages, r.tools) if type(r) is Conversation else None
-            if native is not None and (chat is None or native is chat):
-                chat = native
-                candidates.append(i)
-            else:
-                rest.append(i)
-        if not candidates:
-            return None, pos
-        out = turns.encode(chat, [raw.records[i].messages for i in candidates], all_loss)
-        if out is None:
-            return None, pos
-        taken, lengths, ids, trained = out
-        if len(taken) < len(candidates):
-            taken_set = set(taken)
-            rest = sorted(rest + [p for k, p in enumerate(candidates) if k not in taken_set])
-        return _Group(np.asarray([candidates[k] for k in taken], np.int64), lengths, ids, trained), rest
-
-    def _encode_rendered(self, encoder: Any, raw: RawWindow, pos: list[int], skipped: list,
-                         all_loss: bool) -> _Group | None:
-        """Conversations (and prompt/completion given as messages) rendered to text, encoded, and
-        trained where their spans say."""
-        texts, spans, ok = [], [], []
-        for i in pos:
-            try:
-                text, sp = render_record(self._renderer(), raw, i, all_loss)
-            except ChatTemplateError:
-                raise
-            except Exception as e:  # the template raised on this conversation (raise_exception, ...)
-                skipped.append((i, TEMPLATE_ERROR, f"{type(e).__name__}: {str(e)[:200]}"))
-                continue
-            texts.append(text)
-            spans.append(sp)
-            ok.append(i)
-        enc, kept = self._encode(encoder, texts, ok, False, skipped, edges=not all_loss)
-        if len(kept) != len(ok):
-            kept_set = set(kept)
-            spans = [s for p, s in zip(ok, spans) if p in kept_set]
-        if all_loss:
-            return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, np.ones(len(enc.ids), dtype=bool))
-        ranges = enc.span_tokens(spans)
-        return _Group(np.asarray(kept, np.int64), enc.lengths, enc.ids, ranges_to_mask(enc.lengths, ranges))
-
-    def _encode(
-        self, encoder: Any, texts: Sequence[str], pos: list[int], special: bool, skipped: list, *, edges: bool
-    ) -> tuple[Encoded, list[int]]:
-        """Batch-encode; texts the tokenizer refuses are skipped (``tokenizer_error``).
-        ``edges``: the mask needs the tokens under characters (HF then computes offsets)."""
-        enc = encoder.encode(texts, special=special, edges=edges)
-        for k, detail in enc.failed:
-            skipped.append((pos[k], TOKENIZER_ERROR, detail))
-        return enc, [pos[k] for k in enc.kept] if enc.failed else list(pos)
+        by_turns, pos = turns_group(self._turns[1], self._renderer, raw, pos, all_loss)
+        by_text = rendered_group(encoder, self._renderer, raw, pos, skipped, all_loss) if pos else None
+        groups = [g for g in (by_turns, by_text) if g is not None]
+        return merge_groups(groups) if groups else None
 
     def _skips(self, raw: RawWindow, skipped: list[tuple[int, str, str]]) -> list[Skip]:
         skips = []
@@ -441,31 +335,6 @@ def _available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _merge(groups: list[_Group]) -> _Group:
-    """Concatenate format groups and reorder their samples by record position."""
-    if not groups:
-        e = np.zeros(0, dtype=np.int64)
-        return _Group(e, e, np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool))
-    if len(groups) == 1:
-        return groups[0]
-    positions = np.concatenate([g.positions for g in groups])
-    lengths = np.concatenate([g.lengths for g in groups])
-    ids = np.concatenate([g.ids for g in groups])
-    trained = np.concatenate([g.trained for g in groups])
-    order = np.argsort(positions, kind="stable")
-    new_lengths = lengths[order]
-    new_starts = starts_of(lengths)[order]  # each sample's tokens, in the new order
-    merged = _Group(positions[order], new_lengths, take_runs(ids, new_starts, new_lengths),
-                    take_runs(trained, new_starts, new_lengths))
-    if any(g.chosen_lens is not None for g in groups):
-        zeros = [np.zeros(len(g.positions), np.int64) for g in groups]
-        merged.chosen_lens = np.concatenate([z if g.chosen_lens is None else g.chosen_lens
-                                             for g, z in zip(groups, zeros)])[order]
-        merged.prompt_lens = np.concatenate([z if g.prompt_lens is None else g.prompt_lens
-                                             for g, z in zip(groups, zeros)])[order]
-    return merged
-
-
 def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) -> SampleTokenizer:
     """A SampleTokenizer for a tokenizer the user named, loaded once on the driver so that a
     mistake is one clear ValueError before Ray starts: a typo in a path, a file instead of a
@@ -477,8 +346,6 @@ def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) 
     saves or decodes with it: a local directory whose files an earlier load saw unchanged
     comes back from its snapshot (snapshots.py) as a ``ShippedTokenizer``, without
     transformers; a first load keeps one."""
-    from packfeed.service.tokenize import snapshots
-
     local = os.path.isdir(name_or_path)
     if looks_local(name_or_path) and not local:
         what = "is a file" if os.path.exists(name_or_path) else "does not exist"
@@ -506,7 +373,5 @@ def load_tokenizer(name_or_path: str, *, snapshot: bool = False, **kwargs: Any) 
                     name_or_path, unreachable)
     loaded = SampleTokenizer(tokenizer, **kwargs)
     if key is not None:
-        from packfeed.service.tokenize.shipped import ShippedTokenizer
-
         snapshots.store(key, ShippedTokenizer.of(tokenizer))
     return loaded

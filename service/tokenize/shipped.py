@@ -23,6 +23,7 @@ import copy
 from typing import Any
 
 from packfeed.service.tokenize.fast.backend import FastProof
+from packfeed.service.tokenize.hf_hub import hub_kwargs
 
 _NO_TOOLS, _TOOLS = "no_tools", "tools"
 
@@ -134,8 +135,6 @@ class ShippedTokenizer:
     def _full_tokenizer(self) -> Any:
         if self._full is None:
             from transformers import AutoTokenizer
-
-            from packfeed.service.tokenize.hf_hub import hub_kwargs
 
             self._full = AutoTokenizer.from_pretrained(self.name_or_path, **hub_kwargs(self.name_or_path))
         return self._full

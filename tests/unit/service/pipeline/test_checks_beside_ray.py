@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from packfeed.service.pipeline import pack_run as pack, raycluster
+from packfeed.service.pipeline import ray_beside, raycluster
 from packfeed.service.pipeline.startup import StartupClock
 
 
@@ -41,12 +41,12 @@ def test_the_checks_run_beside_rays_start(monkeypatch, check_fails, ray_fails, e
     monkeypatch.setattr(raycluster, "init_ray", fake_init)
     clock = StartupClock()
     if expected == "result":
-        result, ray, head = pack._check_while_ray_starts(check, None, clock)
+        result, ray, head = ray_beside.check_while_ray_starts(check, None, clock)
         assert result == "result" and head is None and ray.up >= ray.began and ray.seconds >= 0.05
         assert [name for name, _ in clock.marks] == ["ray_start"] and events == ["ray up"]
         return
     with pytest.raises(expected):
-        pack._check_while_ray_starts(check, None, clock)
+        ray_beside.check_while_ray_starts(check, None, clock)
     assert events == (["ray up", "shutdown"] if not ray_fails else [])
 
 
@@ -90,10 +90,10 @@ def test_the_head_start_goes_on_in_the_checks_thread_and_is_abandoned_when_ray_f
     monkeypatch.setattr(raycluster, "init_ray", fake_init)
     if ray_fails:
         with pytest.raises(ConnectionError):
-            pack._check_while_ray_starts(lambda: "result", None, StartupClock(), then)
+            ray_beside.check_while_ray_starts(lambda: "result", None, StartupClock(), then)
         assert heads[0].abandoned.is_set(), "a failed start leaves no driver packing"
         return
-    result, _, head = pack._check_while_ray_starts(lambda: "result", None, StartupClock(), then)
+    result, _, head = ray_beside.check_while_ray_starts(lambda: "result", None, StartupClock(), then)
     assert result == "result" and head is heads[0] and head.checked == "result"
     assert not head.abandoned.is_set(), "Ray up: the head start goes on (the run hands over to the pipeline)"
     head.abandon()
@@ -114,7 +114,7 @@ def test_with_a_head_start_ray_starts_after_the_checks_only_if_wanted(monkeypatc
 
     monkeypatch.setattr(raycluster, "init_ray", fake_init)
     clock = StartupClock()
-    result, ray, head = pack._check_while_ray_starts(check, None, clock, lambda checked: StandInHead(checked, wants))
+    result, ray, head = ray_beside.check_while_ray_starts(check, None, clock, lambda checked: StandInHead(checked, wants))
     assert result == "result" and head.checked == "result"
     if wants:
         assert events == ["checked", "ray start"] and ray.up is not None
@@ -132,4 +132,4 @@ def test_with_a_head_start_a_refused_command_starts_no_ray(monkeypatch):
         raise ValueError("source 'chat': row 0: bad")
 
     with pytest.raises(ValueError, match="row 0: bad"):
-        pack._check_while_ray_starts(check, None, StartupClock(), StandInHead)
+        ray_beside.check_while_ray_starts(check, None, StartupClock(), StandInHead)

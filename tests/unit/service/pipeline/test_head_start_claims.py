@@ -240,17 +240,17 @@ def test_a_failed_first_window_wants_no_ray_and_keeps_its_error(setup, tmp_path,
 
 def test_a_failed_write_stops_the_packing_and_is_raised(setup, tmp_path, monkeypatch):
     """The writes run in their own thread: one that fails ends the driver's packing too."""
-    from packfeed.service.packed import writer
+    from packfeed.service.pipeline import head_start
 
     _, plan, _ = setup
-    write = writer.write_part
+    write = head_start.write_part
 
     def failing(uri, rows, **kwargs):
         if uri.endswith(part_name(1, plan.num_windows)):
             raise OSError("disk full")
         return write(uri, rows, **kwargs)
 
-    monkeypatch.setattr(writer, "write_part", failing)
+    monkeypatch.setattr(head_start, "write_part", failing)
     head, thread = start_head(setup, tmp_path, max_held_tokens=1)
     head.release()
     head.window(0)

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 
 from packfeed.client.rows import PackedRows
-from packfeed.service.pipeline.ray_pipeline import table_outputs, window_table, written_table
+from packfeed.service.pipeline.ray_pipeline import ActorTimings, table_outputs, window_table, written_table
+from packfeed.service.pipeline.startup import ACTOR_PHASES
 from packfeed.service.pipeline.stats import WindowStats
 
 SEQ = 4
@@ -42,7 +43,7 @@ def test_each_window_comes_back_with_its_stats_and_global_rows(counts):
 
 
 @pytest.mark.parametrize("num_rows, file, timings", [
-    pytest.param(3, "part-00002.parquet", {"init_start": 1.5}, id="first-window-of-an-actor"),
+    pytest.param(3, "part-00002.parquet", ActorTimings(1.0, 1.5), id="first-window-of-an-actor"),
     pytest.param(0, None, None, id="no-row-no-file"),
 ])
 def test_a_written_window_is_one_small_row(num_rows, file, timings):
@@ -50,4 +51,13 @@ def test_a_written_window_is_one_small_row(num_rows, file, timings):
     (row,) = table.to_pylist()
     assert row["window"] == 2 and row["rows"] == num_rows and row["tokens"] == num_rows * SEQ and row["file"] == file
     assert WindowStats.from_json(row["stats"]).rows == num_rows
-    assert (json.loads(row["timings"]) if row["timings"] else None) == timings
+    assert row["timings"] == (timings.to_json() if timings else None)
+
+
+def test_an_actors_timings_cross_ray_as_the_json_the_driver_reads():
+    """The ``timings`` cell is JSON of the instants set, in ``ACTOR_PHASES`` order: the start-up
+    alone on a first window the driver packed, every phase on one the actor packed."""
+    timings = ActorTimings(1.0, 1.5, imports_done=2.0, tokenizer_done=2.5)
+    assert timings.to_json() == '{"process_created": 1.0, "init_start": 1.5, "imports_done": 2.0, "tokenizer_done": 2.5}'
+    timings.call_start, timings.packed, timings.written = 3.0, 3.5, 4.0
+    assert list(json.loads(timings.to_json())) == [key for key, _ in ACTOR_PHASES]

@@ -7,7 +7,8 @@ run's. The report of ``pack`` (and of ``inspect``, which reads the same stats) u
 import pytest
 from test_stats import window
 
-from packfeed.service.pipeline.stats import RunStats, format_summary, upgrade_stats
+from packfeed.service.pipeline.stats import RunStats
+from packfeed.service.pipeline.summary import format_summary, upgrade_stats
 
 NAMES = ["chat", "instruct", "stories"]
 

@@ -7,7 +7,8 @@ from collections import Counter
 import pytest
 
 from packfeed.service.inputs.records import Skip
-from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats, format_summary, upgrade_stats
+from packfeed.service.pipeline.stats import MAX_SKIP_EXAMPLES, Counts, RunStats, WindowStats
+from packfeed.service.pipeline.summary import format_summary, upgrade_stats
 
 
 def window(index: int, epoch: int, per_source: dict[int, dict], examples=()) -> WindowStats:

@@ -4,7 +4,8 @@ stage, the run's planned totals (not counts x epochs), and the report's stage li
 import pytest
 from test_stats import window
 
-from packfeed.service.pipeline.stats import RunStats, format_summary
+from packfeed.service.pipeline.stats import RunStats
+from packfeed.service.pipeline.summary import format_summary
 
 
 def test_shares_per_stage_and_the_run_total_under_a_schedule():

@@ -104,7 +104,8 @@ def test_two_loss_modes_join_their_pairs(tmp_path):
 
 
 def test_run_stats_sum_pairs_and_show_them(tmp_path):
-    from packfeed.service.pipeline.stats import RunStats, WindowStats, format_summary
+    from packfeed.service.pipeline.stats import RunStats, WindowStats
+    from packfeed.service.pipeline.summary import format_summary
 
     path = write(tmp_path, "mixed.jsonl", rows_of(12))
     config = DataConfig.from_inputs([path], tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN, overlong="drop")
