@@ -4,6 +4,7 @@ Off unless ``$PACKFEED_FAULTS`` is set. It lists faults, comma-separated, each
 ``POINT:N[@RANK][:ACTION]``::
 
     PACKFEED_FAULTS="serve-row:1200"            # the server dies (SIGKILL) once it has sent row 1200
+    PACKFEED_FAULTS="serve-row:1200:stop"       # ... is stopped (SIGTERM: it drains) once it has sent it
     PACKFEED_FAULTS="train-step:4@1"            # train worker rank 1 dies after completing step 4
     PACKFEED_FAULTS="packer-window:3:exit"      # the packing actor that starts window 3 dies
     PACKFEED_FAULTS="reader-window:2"           # the stream's reader fails between windows 2 and 3
@@ -18,7 +19,9 @@ Off unless ``$PACKFEED_FAULTS`` is set. It lists faults, comma-separated, each
 
 Actions: ``raise`` (``FaultInjected``, an exception the component handles as any other),
 ``exit`` (``os._exit(FAULT_EXIT)``: the process dies without cleanup, as an OOM kill), ``kill``
-(SIGKILL to the process itself: no handler, no drain).
+(SIGKILL to the process itself: no handler, no drain), ``stop`` (SIGTERM to the process itself,
+as an operator's or Kubernetes' stop: its handler runs, a server drains; the component goes on
+until then).
 
 A fault fires once per process. With ``$PACKFEED_FAULTS_DIR`` it fires once across every
 process that shares that directory (a marker file is created there): a train worker that Ray
@@ -42,7 +45,7 @@ FAULTS_DIR_ENV = "PACKFEED_FAULTS_DIR"
 FAULT_EXIT = 70  # os._exit status of the ``exit`` action (EX_SOFTWARE), told apart from a real crash
 
 POINTS = {"packer-window": "raise", "reader-window": "raise", "serve-row": "kill", "train-step": "exit"}
-ACTIONS = ("raise", "exit", "kill")
+ACTIONS = ("raise", "exit", "kill", "stop")
 _ENTRY = re.compile(r"(?P<point>[a-z-]+):(?P<at>\d+)(?:@(?P<rank>\d+))?(?::(?P<action>[a-z]+))?")
 
 
@@ -111,6 +114,9 @@ def point(name: str, at: int, *, rank: int | None = None) -> None:
         if action == "raise":
             raise FaultInjected(f"fault injected at {where} (${FAULTS_ENV})")
         print(f"packfeed: fault injected at {where}: {action} (${FAULTS_ENV})", flush=True)
+        if action == "stop":
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(FAULT_EXIT)

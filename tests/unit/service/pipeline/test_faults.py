@@ -27,6 +27,7 @@ def _clean(monkeypatch):
     pytest.param("packer-window:3:exit, reader-window:0",
                  [("packer-window", 3, None, "exit"), ("reader-window", 0, None, "raise")], id="two-with-action"),
     pytest.param("train-step:2@0:raise", [("train-step", 2, 0, "raise")], id="rank-and-action"),
+    pytest.param("serve-row:7:stop", [("serve-row", 7, None, "stop")], id="stop"),
 ])
 def test_parse(text, parsed):
     assert faults.parse(text) == parsed
@@ -104,3 +105,21 @@ def test_a_drill_is_announced(monkeypatch, capsys):
     main(["inspect", "no-such-dir"])  # fails on its input: the announcement came first
     assert capsys.readouterr().err.splitlines()[0] == \
         "packfeed inspect: warning: fault injection on ($PACKFEED_FAULTS): train-step:3@1:exit"
+
+
+def test_stop_sends_this_process_sigterm_and_goes_on(monkeypatch, capsys):
+    """``stop``: the process's SIGTERM handler runs (a server drains); the call returns."""
+    import signal
+
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        monkeypatch.setenv(FAULTS_ENV, "serve-row:7:stop")
+        faults.point("serve-row", 6)
+        assert got == []
+        faults.point("serve-row", 7)  # returns: the handler ran in this (the main) thread
+        faults.point("serve-row", 7)  # once per process
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [signal.SIGTERM]
+    assert "fault injected at serve-row:7: stop" in capsys.readouterr().out
