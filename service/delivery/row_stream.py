@@ -21,6 +21,7 @@ Describe's epochs and rows per epoch come from here too (``epoch_rows``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -143,11 +144,13 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline  # imports Ray
 
     stats = new_run_stats(plan)
-    tokenizers = {
-        loss: SampleTokenizer(tokenizer.tokenizer, loss=loss, add_eos=config.add_eos, strict=config.strict,
-                              backend=config.tokenizer_backend, num_threads=1)
-        for loss in {s.loss for s in plan.sources}
-    }
+
+    @functools.cache
+    def catch_up_tokenizers() -> dict[str, SampleTokenizer]:
+        """The catch-up path's tokenizers, built at its first window (train's feeder never takes it)."""
+        return {loss: SampleTokenizer(tokenizer.tokenizer, loss=loss, add_eos=config.add_eos, strict=config.strict,
+                                      backend=config.tokenizer_backend, num_threads=1)
+                for loss in {s.loss for s in plan.sources}}
 
     mixture = mixture_control(config, plan)
     shipped = tokenizer.ship()  # what every reader's packing actors load (the mixture may change, not the tokenizer)
@@ -168,7 +171,8 @@ def pipeline_stream(config: DataConfig, plan: StreamPlan, tokenizer: Any, scalin
         current_config, current_plan = mixture.plan_for(window)
         if window >= current_plan.num_windows:
             return None
-        rows, window_stats = process_window(current_plan.window(window), tokenizers, current_config, current_plan)
+        rows, window_stats = process_window(current_plan.window(window), catch_up_tokenizers(), current_config,
+                                             current_plan)
         said = len(stats.tokenizer_checks)
         stats.add(window_stats)
         log_choices(stats.tokenizer_checks, said)
