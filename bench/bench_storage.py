@@ -16,7 +16,9 @@ the same run; figures are ratios to it.
     source's ``block_samples`` at its row-group size (a window then takes whole row groups).
 (3) ``packfeed pack`` end to end (``pipeline.pack_run.run_pack`` in this process, an embedded Ray
     started once for both, one packing actor per CPU): tokens/s (steady and overall), the
-    whole run's requests and bytes (scan, probe and the packing actors' reads), and a check
+    whole run's requests and bytes (scan, probe and the packing actors' reads): bytes read /
+    input bytes, split into the scan's, the probe's and the windows' (the rest), beside
+    stats.json's ``read_ratio`` (the scan and the windows, as packfeed counts them), and a check
     that both outputs hold the same rows. With ``--storm``, a third pack from S3 while the
     proxy throttles (``FaultProxy.storm``: the first 4 of every 10 GETs of each object 503
     SlowDown, every 5th GET dropped), under the default retry policy (2 minutes a request,
@@ -25,12 +27,17 @@ the same run; figures are ratios to it.
 
 moto is a Python server and the proxy runs in this process: a request costs ~1-3 ms here, far
 less than a store's ~10-100 ms, so the times show the client's overhead, not a store's latency;
-the counts are what a real store would see.
+the counts are what a real store would see. Every step starts with cold read caches (this
+process's memory and the node's disk: inputs/read_cache.py, inputs/disk_cache.py); the packing
+actors use them as a real run does. ``--quick --only pack`` measured a pack at 5.56x its input
+bytes without them (0.92 scan + 0.33 probe + 4.31 windows), 2.95x with the memory cache alone
+(``PACKFEED_READ_CACHE_DIR=off``), 1.00x with both (the default: 0.92 + 0.08 + 0.00).
 
     .venv/bin/python bench/bench_storage.py             # ~45 s on 2 cores (64 MB, 9 windows)
     .venv/bin/python bench/bench_storage.py --quick     # ~30 s (4 MB; too few windows for a steady rate)
     .venv/bin/python bench/bench_storage.py --mb 128 --only pack     # 18 windows: a steadier rate
     .venv/bin/python bench/bench_storage.py --quick --only pack --storm  # a pack through throttling
+    PACKFEED_READ_CACHE_MIB=0 PACKFEED_READ_CACHE_DIR=off .venv/bin/python bench/bench_storage.py --quick --only pack  # no cache
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +63,7 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig, SourceConfig
 from packfeed.service.data.plan import build_plan
 from packfeed.service.inputs.read import read_window
+from packfeed.service.inputs.read_cache import reset_shared_caches
 from packfeed.service.storage import COUNTERS
 from report import table  # noqa: E402 - bench/report.py, beside this script
 
@@ -105,6 +114,7 @@ class Wire:
         self.proxy = proxy
 
     def __enter__(self) -> "Wire":
+        reset_shared_caches(clear_disk=True)  # every step reads cold: no byte a step before read is at hand
         self.proxy.reset()
         self.before = COUNTERS.snapshot()
         self.start = time.perf_counter()
@@ -192,6 +202,31 @@ def read_bench(corpus: Corpus, proxy) -> None:
 STORM = "S3, throttled"
 
 
+@contextlib.contextmanager
+def phase_bytes(proxy) -> Iterator[dict[str, int]]:
+    """Input bytes the proxy answered GETs with during the plan (the scan) and the probe of the
+    packs inside: {"scan": ..., "probe": ...} (the rest of a pack's bytes: its windows)."""
+    from packfeed.service.pipeline import preflight
+
+    marks = {"scan": 0, "probe": 0}
+    real = {"scan": preflight.build_plan, "probe": preflight.check_inputs}
+
+    def counted(phase: str):
+        def run(*args, **kwargs):
+            start = proxy.bytes_out("GET")
+            try:
+                return real[phase](*args, **kwargs)
+            finally:
+                marks[phase] = proxy.bytes_out("GET") - start
+        return run
+
+    preflight.build_plan, preflight.check_inputs = counted("scan"), counted("probe")
+    try:
+        yield marks
+    finally:
+        preflight.build_plan, preflight.check_inputs = real["scan"], real["probe"]
+
+
 def pack_bench(corpus: Corpus, proxy, work: Path, storm: bool = False) -> None:
     from packfeed.service.pipeline.pack_run import run_pack
     from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray
@@ -202,12 +237,13 @@ def pack_bench(corpus: Corpus, proxy, work: Path, storm: bool = False) -> None:
     try:
         for where, base in runs:
             out = work / f"out-{where.lower().replace(', ', '-')}"
-            with Wire(proxy) as wire, contextlib.redirect_stdout(io.StringIO()):  # its report: the table says it
+            with Wire(proxy) as wire, contextlib.redirect_stdout(io.StringIO()), phase_bytes(proxy) as phases:
                 if where == STORM:
                     proxy.storm(every=10, burst=4, drop_every=5)
                 stats = run_pack(data_config(base, corpus.window), out, overwrite=True, progress_seconds=3600)
                 proxy.calm()
             results[where] = (stats, wire, pq.read_table(out))
+            wire.phases = phases
     finally:
         shutdown_ray()
     reference = results["disk"][0]
@@ -225,17 +261,26 @@ def pack_bench(corpus: Corpus, proxy, work: Path, storm: bool = False) -> None:
                      f"{overall / ref_overall:.2f}", f"{stats['first_row_seconds']:.1f}", wire.by_method() or "-",
                      f"{len(wire.requests) / windows:.1f}" if remote else "-",
                      f"{bytes_out / windows / 2**20:.2f}" if remote else "-",
-                     f"{bytes_out / corpus.sizes['all']:.2f}" if remote else "-"])
+                     f"{bytes_out / corpus.sizes['all']:.2f}" if remote else "-",
+                     _breakdown(wire, bytes_out, corpus) if remote else "-",
+                     f"{stats['storage']['read_ratio']:.2f}" if remote and "read_ratio" in stats["storage"] else "-"])
     same = results["disk"][2].equals(results["S3"][2])
     table("(3) packfeed pack end to end (run_pack; one embedded Ray for both, started before; output on disk; "
           f"requests and bytes: the whole run, counted by the proxy); ratio: tokens/s / disk. Same rows from disk and "
           f"S3: {same}",
           ["inputs", "tokens", "windows", "steady tokens/s", "ratio", "overall tokens/s", "ratio", "first row s",
-           "requests (proxy)", "requests per window", "MiB read per window", "bytes read / input bytes"], rows)
+           "requests (proxy)", "requests per window", "MiB read per window", "bytes read / input bytes",
+           "of which scan + probe + windows", "stats.json read_ratio"], rows)
     if not same:
         raise SystemExit("the rows packed from disk and from S3 differ")
     if storm:
         storm_bench(results)
+
+
+def _breakdown(wire: Wire, bytes_out: int, corpus: Corpus) -> str:
+    """A pack's bytes read / input bytes by phase: the scan (plan), the probe, the windows (the rest)."""
+    scan, probe = wire.phases["scan"], wire.phases["probe"]
+    return " + ".join(f"{b / corpus.sizes['all']:.2f}" for b in (scan, probe, max(0, bytes_out - scan - probe)))
 
 
 def storm_bench(results: dict) -> None:
@@ -272,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     megabytes = 4.0 if args.quick else args.mb
     only = set(args.only or ("scan", "read", "pack"))
 
-    from support.s3 import FaultProxy, S3Server
+    from support.s3 import S3Server
+    from support.s3_proxy import FaultProxy
 
     work = Path(tempfile.mkdtemp(prefix="packfeed-bench-storage-"))
     try:

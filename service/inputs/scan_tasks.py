@@ -52,8 +52,9 @@ from packfeed.service.inputs.scan import (
     scan_file,
     seek_phase,
 )
+from packfeed.service.inputs.fileio import open_input
 from packfeed.service.inputs.scan_cache import ScanManifest
-from packfeed.service.storage import COUNTERS, ObjectInfo, StorageCounts, is_remote, open_input
+from packfeed.service.storage import COUNTERS, ObjectInfo, StorageCounts, is_remote
 
 RANGE_BYTES = 64 << 20  # a JSONL range of one task; also what one task reads of small files
 MAX_PARTS_PER_TASK = 64  # small files batched into one task
@@ -141,12 +142,13 @@ def _scan_inline(sources: list[list[ScanItem]],
 
 def combine(item: ScanItem, raw: Any, phase: int) -> FileScan:
     """A file's scan from its parts' results (``scan_parts``), in file order."""
-    identity = identity_fields(recorded_identity(item.path, item.info))
     if item.kind != "jsonl":
-        return FileScan(item.path, item.kind, raw, **identity)
+        num_rows, expect = raw
+        return FileScan(item.path, item.kind, num_rows, **identity_fields(expect))
+    identity = identity_fields(raw[0][3])
     finder = SeekFinder(phase, item.stride)
     end = 0
-    for start, positions, end in raw:
+    for start, positions, end, _ in raw:
         finder.add(start, positions, end)
     num_rows, offsets = finder.finish(end)
     return FileScan(item.path, item.kind, num_rows, **identity, seek_offsets=offsets, seek_phase=phase,
@@ -155,20 +157,25 @@ def combine(item: ScanItem, raw: Any, phase: int) -> FileScan:
 
 def scan_parts(parts: list[Part]) -> list[Any]:
     """The task: per part, a JSONL range's ``(start, newline positions relative to start as
-    uint32, end)``, or a whole file's row count."""
+    uint32, end, identity)``, or a whole file's ``(row count, identity)``. The identity is the
+    one the scan records (``recorded_identity``: on a store with its ETag), and the part is read
+    as that version: the read cache (read_cache.py) then keeps its bytes under the key the
+    windows will ask for."""
     out: list[Any] = []
     for part in parts:
         with scan_errors(part.path, part.kind):
+            expect = recorded_identity(part.path, part.info)
             if part.kind != "jsonl":
-                out.append(count_rows(part.path, part.kind, part.info))
+                out.append((count_rows(part.path, part.kind, expect), expect))
                 continue
             found, read = [], 0
-            with open_input(part.path, expect=part.info) as f:
+            with open_input(part.path, expect=expect) as f:
                 f.seek(part.start)
                 while read < part.length and (chunk := f.read(min(SCAN_CHUNK, part.length - read))):
                     found.append((newline_positions(chunk) + read).astype(np.uint32))
                     read += len(chunk)
-            out.append((part.start, np.concatenate(found) if found else np.zeros(0, np.uint32), part.start + read))
+            out.append((part.start, np.concatenate(found) if found else np.zeros(0, np.uint32), part.start + read,
+                        expect))
     return out
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from packfeed.service.inputs.records import Skip
 from packfeed.service.pipeline.summary import format_summary, run_failure, upgrade_stats  # noqa: F401  (moved)
-from packfeed.service.storage import StorageCounts
+from packfeed.service.storage import StorageCounts, is_remote
 from packfeed.service.tokenize.fast.backend import log_choices
 
 MAX_SKIP_EXAMPLES = 5
@@ -143,7 +143,7 @@ class RunStats:
 
     def __init__(self, source_names: Sequence[str], planned: Sequence[int], *,
                  storage: StorageCounts | None = None, planned_run: Sequence[int] | None = None,
-                 stage_of: Callable[[int], int] | None = None) -> None:
+                 stage_of: Callable[[int], int] | None = None, input_bytes: int = 0) -> None:
         self.names, self.planned = list(source_names), [int(p) for p in planned]
         # With a mixture schedule: each source's samples over the run (not planned x epochs), and
         # the schedule stage of a window (plan.stage_of), for the shares of each stage.
@@ -152,6 +152,7 @@ class RunStats:
         self.by_stage: dict[int, dict[int, Counts]] = {}
         # Requests to object stores: the plan's (``storage``: listing and scan), then each window's reads.
         self.storage = storage or StorageCounts()
+        self.input_bytes = input_bytes  # the bytes of the inputs on object stores (0: none there)
         self.by_epoch: dict[int, dict[int, Counts]] = {}
         self.rows = 0
         self.seen: set[int] = set()
@@ -252,8 +253,17 @@ class RunStats:
             "sources": [self._source_dict(i) for i in range(len(self.names))],
             "tokenizer_backend": {"windows": dict(sorted(self.tokenizer_backends.items())),
                                   "checks": self.tokenizer_checks},
-            "storage": {k: v for k, v in self.storage.as_dict().items() if k != "bytes_written"},
+            "storage": self._storage_dict(),
         })  # fmt: skip
+        return out
+
+    def _storage_dict(self) -> dict[str, Any]:
+        """Requests and bytes of the plan and the windows; with inputs on a store, their bytes
+        (``input_bytes``) and ``read_ratio``: bytes read / input bytes (1.0: each byte read once)."""
+        out: dict[str, Any] = {k: v for k, v in self.storage.as_dict().items() if k != "bytes_written"}
+        if self.input_bytes:
+            out["input_bytes"] = self.input_bytes
+            out["read_ratio"] = round(self.storage.bytes_read / self.input_bytes, 4)
         return out
 
     def _source_dict(self, index: int) -> dict[str, Any]:
@@ -306,4 +316,11 @@ def new_run_stats(plan: Any) -> RunStats:
     scheduled = bool(getattr(plan, "schedule", ()))  # stats per schedule stage, totals over the run
     return RunStats([s.name for s in plan.sources], plan.counts, storage=getattr(plan, "scan_storage", None),
                     planned_run=plan.planned_samples() if scheduled else None,
-                    stage_of=plan.stage_of if scheduled else None)
+                    stage_of=plan.stage_of if scheduled else None, input_bytes=remote_input_bytes(plan))
+
+
+def remote_input_bytes(plan: Any) -> int:
+    """The bytes of the plan's input files on object stores, each file once (local files: their
+    reads are not counted, so they are left out of the ratio too)."""
+    sizes = {f.path: f.size for s in plan.sources for f in s.files if f.size > 0 and is_remote(f.path)}
+    return sum(sizes.values())

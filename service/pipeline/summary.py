@@ -52,10 +52,11 @@ def format_summary(stats: dict[str, Any]) -> str:
         lines.append(("tokenizer back-end", ", ".join(f"{name} ({n:,} windows)" for name, n in windows.items())))
     io = stats.get("storage") or {}
     if io.get("requests"):  # inputs on an object store
+        ratio = f" ({io['read_ratio']:.2f} x the inputs)" if io.get("input_bytes") else ""
         slowed = (f"; {io['throttled']:,} throttled, {io.get('backoff_ms', 0) / 1000:,.1f} s backing off"
                   if io.get("throttled") else "")
         lines.append(("object storage", f"{io['requests']:,} requests ({io['retries']:,} retried, {io['failures']:,} "
-                                        f"failed{slowed}), {io['bytes_read'] / 2**20:,.1f} MiB read"))
+                                        f"failed{slowed}), {io['bytes_read'] / 2**20:,.1f} MiB read{ratio}"))
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}" for k, v in lines]
     sources = stats.get("sources", [])

@@ -5,9 +5,13 @@ The tests talk to the loopback S3 server of tests/support/s3.py through the real
 (``fast_retries``), so a test of five failures in a row costs no real backoff.
 """
 
+import os
+
 import pytest
 from support.s3 import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtures for these tests
 
+from packfeed.service.inputs.disk_cache import DIR_ENV
+from packfeed.service.inputs.read_cache import reset_shared_caches
 from packfeed.service.storage import RetryPolicy, set_policy
 
 FAST = RetryPolicy(budget_s=2.0, num_connect_attempts=3, base_delay_s=0.005, max_delay_s=0.05)
@@ -18,3 +22,25 @@ def fast_retries():
     previous = set_policy(FAST)
     yield FAST
     set_policy(previous)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def read_cache_directory(tmp_path_factory):
+    """The node's disk cache of input bytes (inputs/disk_cache.py) in a directory of this session
+    (of this xdist worker), set before any Ray starts: its packing actors share it."""
+    saved = os.environ.get(DIR_ENV)
+    os.environ[DIR_ENV] = str(tmp_path_factory.mktemp("read-cache"))
+    yield
+    if saved is None:
+        os.environ.pop(DIR_ENV, None)
+    else:
+        os.environ[DIR_ENV] = saved
+
+
+@pytest.fixture(autouse=True)
+def fresh_read_caches(read_cache_directory):
+    """Each test counts its own requests: none of its reads served from bytes an earlier test
+    read (inputs/read_cache.py: this process's memory, the node's disk)."""
+    reset_shared_caches(clear_disk=True)
+    yield
+    reset_shared_caches(clear_disk=True)

@@ -25,6 +25,7 @@ from packfeed.service.errors import user_message
 from packfeed.service.inputs import fileio
 from packfeed.service.inputs.files import list_inputs
 from packfeed.service.inputs.read import read_window
+from packfeed.service.inputs.read_cache import reset_shared_caches
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +179,7 @@ def test_a_jsonl_window_reads_its_rows_not_the_object(s3_faulty, s3_proxy, big_j
     size = sum(map(len, lines))
     plan = _plan([uri], window=500, block=0)
     for k in (0, 9, plan.num_windows - 1):  # seek points every 4,096 rows: 9 and the last start past one
+        reset_shared_caches(clear_disk=True)  # a window read cold, not from the bytes the scan kept
         s3_proxy.reset()
         before = storage.COUNTERS.snapshot()
         raw = read_window(plan.window(k))
@@ -204,6 +206,7 @@ def test_a_shuffled_window_reads_few_requests_and_bytes(s3_faulty, s3_proxy, big
     plan = _plan([uri], window=400, block=10)
     for k in (0, 3, 19):
         spec = plan.window(k)
+        reset_shared_caches(clear_disk=True)  # a window read cold, not from the bytes the scan kept
         s3_proxy.reset()
         raw = read_window(spec)
         assert raw.sample_ids.tolist() == spec.sample_ids().tolist() and 30 <= len(spec.pieces) <= 40
@@ -225,6 +228,7 @@ def test_a_parquet_window_reads_its_row_groups_not_the_object(s3_faulty, s3_prox
     name = s3_faulty.bucket("pq")
     uri = s3_faulty.put(name, "big.parquet", path.read_bytes())
     plan = _plan([uri], window=100, block=0)
+    reset_shared_caches(clear_disk=True)  # a window read cold, not from the footer the scan kept
     s3_proxy.reset()
     raw = read_window(plan.window(12))
     assert raw.records == texts[1200:1300]
@@ -296,6 +300,7 @@ def test_a_window_survives_four_failures_in_a_row(s3_faulty, s3_proxy, corpus, b
     uri = f"s3://{bucket}/{PREFIX}/{name}"
     plan = _plan([uri], window=1000, block=0)
     expected = _window_rows(_plan([str(corpus / name)], window=1000, block=0), 0, str(corpus))
+    reset_shared_caches(clear_disk=True)  # the window reads the store, not the bytes the scan kept
     s3_proxy.reset()
     s3_proxy.fail_next(4, mode, method=method, key=f"{PREFIX}/{name}")
     before = storage.COUNTERS.snapshot()

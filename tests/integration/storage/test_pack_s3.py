@@ -123,6 +123,38 @@ def test_pack_from_and_to_s3_equals_pack_on_disk_and_reads_each_input_byte_about
         assert read[key] <= 2 * sizes[key] + FIRST_CHUNK, (key, read[key], sizes[key])
 
 
+# What a pack of the corpus (JSONL + Parquet, default windows and blocks, 2 packing actors) may read
+# from the store per input byte (issue 41: 1.5): the scan reads every JSONL byte once, the probe the
+# first Parquet row group, and the windows find the rest on the node's disk cache
+# (inputs/disk_cache.py; memory alone: ~2.9x, each actor reading what its windows need once;
+# before either: ~5.6x).
+READ_RATIO_BOUND = 1.5
+
+
+def test_a_default_pack_from_s3_reads_each_input_byte_about_once(
+        ray_via_proxy, corpus, s3_proxy, tmp_path, capsys):
+    directory, bucket = corpus
+    argv = ["--tokenizer", demo_tokenizer_path(), "--seq-len", "512"]
+    assert main(["pack", f"{directory}/*", *argv, "--output", str(tmp_path / "local")]) == 0
+    out = f"s3://{bucket}/runs/default"
+    s3_proxy.reset()
+    assert main(["pack", f"s3://{bucket}/{CORPUS}/*", *argv, "--output", out]) == 0
+    printed = capsys.readouterr().out
+    local, remote = read_packed_dir(str(tmp_path / "local")), read_packed_dir(out)
+    assert local.num_rows > 100
+    for column in ROW_COLUMNS:
+        assert np.array_equal(getattr(local, column), getattr(remote, column)), column
+
+    inputs = sum(os.path.getsize(directory / name) for name in os.listdir(directory))
+    read = sum(r.bytes_out for r in s3_proxy.select("GET", lists=False) if r.key.startswith(f"{CORPUS}/"))
+    io = packed_dir_info(out)["stats"]["storage"]
+    print(f"\ndefault pack from S3: {read:,} of {inputs:,} input bytes read ({read / inputs:.2f}x); stats.json: "
+          f"{io['read_ratio']:.2f}x (the scan and the windows; the probe left out)")
+    assert io["input_bytes"] == inputs and f"({io['read_ratio']:.2f} x the inputs)" in printed
+    assert io["bytes_read"] <= read, "stats.json counts the scan's and the windows' reads"
+    assert read <= READ_RATIO_BOUND * inputs, (read, inputs)
+
+
 def test_a_crashed_pack_on_s3_never_looks_complete_and_overwrite_deletes_only_packfeeds_keys(
         ray_via_proxy, corpus, s3_server, s3_proxy, monkeypatch, capsys):
     """Fault injection: the packing actor that starts window 4 (of 6) fails, and the pack's

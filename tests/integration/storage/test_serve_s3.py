@@ -122,7 +122,8 @@ def test_serve_from_s3_with_its_state_on_s3_survives_sigkill_exactly_once_and_pl
     print(f"\nserve restart, to plan: {len(restart_plan)} requests, {sum(read.values()):,} input bytes "
           f"(the probe; a scan would add {sum(sizes.values()):,}); first start: {sum(first_plan.values()):,}")
     assert sum(read.values()) < sum(sizes.values()) / 4, read
-    assert input_bytes(restart_plan, get_count=True) == {key: 1 for key in sizes}, "one probe read a file"
+    probe_gets = input_bytes(restart_plan, get_count=True)  # none for a file the node's disk cache holds
+    assert set(probe_gets) <= set(sizes) and all(n == 1 for n in probe_gets.values()), "one probe read a file"
     scan_manifest = [r for r in restart_plan if r.key.startswith("serve-state/scan-")]
     assert [r.method for r in scan_manifest if r.method in ("GET", "PUT")] == ["GET"], "read, not written again"
     # The killed server left the windows it had packed in the stream manifest on the store (whether

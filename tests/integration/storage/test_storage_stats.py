@@ -17,6 +17,7 @@ from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
+from packfeed.service.inputs.read_cache import reset_shared_caches
 from packfeed.service.metrics import _storage_families, storage_counts
 from packfeed.service.pipeline.stats import new_run_stats
 from packfeed.service.pipeline.stats import RunStats, WindowStats
@@ -46,6 +47,7 @@ def test_a_windows_requests_and_retries_are_its_stats(corpus_uri, s3_proxy, fail
     stats = new_run_stats(plan)
     window_requests = 0
     for k in range(plan.num_windows):
+        reset_shared_caches(clear_disk=True)  # each window reads the store, not the bytes the scan kept
         s3_proxy.reset()
         s3_proxy.fail_next(failures, "503", method="GET")
         _, ws = process_window(plan.window(k), {plan.sources[0].loss: tokenizer}, config, plan)

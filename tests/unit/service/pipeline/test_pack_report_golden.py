@@ -21,8 +21,9 @@ from packfeed.service.pipeline.pack_report import PackReport
 from packfeed.service.pipeline.pack_run import run_pack
 from packfeed.service.pipeline.ray_beside import RayTimes
 from packfeed.service.pipeline.startup import StartupClock
-from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats
+from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats, new_run_stats
 from packfeed.service.pipeline.summary import format_summary
+from packfeed.service.storage import StorageCounts
 
 
 def _source(name, read, packed, skipped, tokens, planned, share, token_share, epochs):
@@ -113,12 +114,32 @@ chat    1       400     399        1        0  100,000         66.67%        66.
 chat    2       400     399        1        0  100,000         66.67%        66.67%       66.40%"""
 
 
+# inputs on a store whose size the plan knows: the bytes read against them
+FROM_A_STORE = {**STATS, "storage": {**STATS["storage"], "input_bytes": 2 * 2**20, "read_ratio": 1.5}}
+FROM_A_STORE_PRINTED = WITH_RAY.replace("3.0 MiB read\n", "3.0 MiB read (1.50 x the inputs)\n")
+
+
 @pytest.mark.parametrize("stats, printed", [
     pytest.param(STATS, WITH_RAY, id="ray-actors-two-sources-two-epochs-skips-pairs-store"),
     pytest.param(ALONE, ALONE_PRINTED, id="the-driver-alone-no-ray"),
+    pytest.param(FROM_A_STORE, FROM_A_STORE_PRINTED, id="inputs-on-a-store-bytes-read-over-input-bytes"),
 ])
 def test_the_printed_report_of_a_fixed_stats_json(stats, printed):
     assert format_summary(copy.deepcopy(stats)) == printed
+
+
+def test_stats_json_says_the_bytes_read_over_the_input_bytes_only_for_inputs_on_a_store():
+    plan = types.SimpleNamespace(sources=[types.SimpleNamespace(name="a", files=[
+        types.SimpleNamespace(path="s3://b/a.jsonl", size=600), types.SimpleNamespace(path="s3://b/b.parquet", size=200),
+        types.SimpleNamespace(path="/local/c.jsonl", size=5_000)])], counts=[20], schedule=())
+    total = new_run_stats(plan)
+    total.add(WindowStats(window=0, epoch=0, storage=StorageCounts(requests=3, bytes_read=1_000)))
+    assert total.to_dict(seq_len=8, seconds=1.0)["storage"] == {
+        "requests": 3, "retries": 0, "failures": 0, "bytes_read": 1_000, "throttled": 0, "backoff_ms": 0,
+        "input_bytes": 800, "read_ratio": 1.25}
+    local = RunStats(["a"], [20])
+    assert list(local.to_dict(seq_len=8, seconds=1.0)["storage"]) == [
+        "requests", "retries", "failures", "bytes_read", "throttled", "backoff_ms"]
 
 
 def window_stats(k: int, rows: int, tokens: int) -> WindowStats:
