@@ -91,13 +91,15 @@ class PackFeedServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetMixture(self, request, context):
-        """Change the mixture's weights from the first window not yet planned (no row already
-        packed or delivered changes). Keyed by the caller's step: the calls of one step (every
-        rank of a data-parallel loop) make one change and all get its answer. The change is
-        recorded in the server's state dir and replayed by a restarted server.
-        INVALID_ARGUMENT: bad weights (unknown source, negative, not finite, all zero), nothing
-        changes. FAILED_PRECONDITION: the stream cannot change (served from a packed directory,
-        or every window is planned). UNAVAILABLE: the change could not be recorded (retry).
+        """Change the mixture's weights from the first window starting at or after the caller's
+        cursor (at most one window after the rows it consumed; what was packed or sent ahead with
+        the old weights is packed again; without a cursor: the first window not yet planned).
+        Keyed by the caller's step: the calls of one step (every rank of a data-parallel loop)
+        make one change and all get its answer. The change is recorded in the server's state dir
+        and replayed by a restarted server. INVALID_ARGUMENT: bad weights (unknown source,
+        negative, not finite, all zero), nothing changes. FAILED_PRECONDITION: the stream cannot
+        change (served from a packed directory, or, without a cursor, every window is planned).
+        UNAVAILABLE: the change could not be recorded (retry).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
