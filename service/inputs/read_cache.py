@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from packfeed.service.inputs.disk_cache import disk_cache_from_env
+from packfeed.service.storage import RangeReader
 
 DEFAULT_CAPACITY = 256 << 20
 CAPACITY_ENV = "PACKFEED_READ_CACHE_MIB"
@@ -157,25 +158,18 @@ class ReadCache:
             del self._starts[key]
 
 
-class CachedFile:
+class CachedFile(RangeReader):
     """A read-only file on one object version (``key``) for ``pa.PythonFile``: reads go through
     ``cache``, and ``inner`` (a random-access file on the object, e.g. ``storage.open_input``'s)
     is read only for the bytes the cache lacks."""
 
     def __init__(self, inner: Any, key: Key, cache: ReadCache, disk: Any = None) -> None:
+        super().__init__(inner.size())
         self._inner, self._key, self._cache = inner, key, cache
         self._disk = disk if key[3] is not None else None  # disk_cache.DiskCache: keys with an ETag only
-        self._size = inner.size()
-        self._position = 0
-        self.closed = False
 
-    def read(self, nbytes: int = -1) -> bytes:
-        end = self._size if nbytes is None or nbytes < 0 else min(self._size, self._position + nbytes)
-        if end <= self._position:
-            return b""
-        data = self._cache.read(self._key, self._position, end, self._fetch)
-        self._position += len(data)
-        return data
+    def read_range(self, start: int, end: int) -> bytes:
+        return self._cache.read(self._key, start, end, self._fetch)
 
     def _fetch(self, start: int, end: int) -> bytes:
         if self._disk is not None:
@@ -186,28 +180,10 @@ class CachedFile:
         self._inner.seek(start)
         return self._inner.read(end - start)
 
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self._position = {0: 0, 1: self._position, 2: self._size}[whence] + offset
-        return self._position
-
-    def tell(self) -> int:
-        return self._position
-
-    def size(self) -> int:
-        return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
     def close(self) -> None:
-        self.closed = True
+        super().close()
         self._inner.close()
+
 
 
 _SHARED: dict[str, Any] = {}

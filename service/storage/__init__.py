@@ -21,13 +21,13 @@ from packfeed.service.storage.objects import (
     stat,
     write_bytes_atomic,
 )
-from packfeed.service.storage.reads import coalesce, open_input, read_bytes, read_range, read_ranges
+from packfeed.service.storage.reads import RangeReader, coalesce, open_input, read_bytes, read_range, read_ranges
 from packfeed.service.storage.redact import display, scrub
 from packfeed.service.storage.retry import COUNTERS, RetryPolicy, StorageCounts, current_policy, set_policy
 from packfeed.service.storage.uri import is_remote, join, resolve, scheme_of
 
 __all__ = [
-    "COUNTERS", "ObjectInfo", "RetryPolicy", "StorageCounts", "StorageError",
+    "COUNTERS", "ObjectInfo", "RangeReader", "RetryPolicy", "StorageCounts", "StorageError",
     "check_unchanged", "coalesce", "current_policy", "delete_prefix", "display", "exists", "expand",
     "has_magic", "is_remote", "join", "listing", "local_glob", "match", "open_input", "read_bytes",
     "read_range", "read_ranges", "resolve", "scheme_of", "scrub", "set_policy", "stat", "write_bytes_atomic",

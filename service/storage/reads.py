@@ -130,23 +130,22 @@ def open_input(uri: str, *, expect: ObjectInfo | None = None) -> pa.NativeFile:
     return pa.PythonFile(_RetryingReader(uri, handle), mode="r")
 
 
-class _RetryingReader:
-    """The file-like object behind ``open_input`` on a store: each read one ranged GET under
-    the retry policy (the native handle's reads are stateless, so a retry is safe)."""
+class RangeReader:
+    """A read-only, seekable file of ``size`` bytes for ``pa.PythonFile``: the position and the
+    file protocol; a subclass reads ``[start, end)`` (``read_range``) and closes its source
+    (``close``, after this one's)."""
 
-    def __init__(self, uri: str, handle: pa.NativeFile) -> None:
-        self._uri, self._handle, self._scheme = uri, handle, scheme_of(uri)
-        self._size = handle.size()
-        self._position = 0
-        self.closed = False
+    def __init__(self, size: int) -> None:
+        self._size, self._position, self.closed = size, 0, False
+
+    def read_range(self, start: int, end: int) -> bytes:
+        raise NotImplementedError
 
     def read(self, nbytes: int = -1) -> bytes:
         end = self._size if nbytes is None or nbytes < 0 else min(self._size, self._position + nbytes)
         if end <= self._position:
             return b""
-        start = self._position
-        data = call(display(self._uri), "read", lambda: _read_at(self._handle, start, end, self._size, True),
-                    scheme=self._scheme)
+        data = self.read_range(self._position, end)
         self._position += len(data)
         return data
 
@@ -171,4 +170,20 @@ class _RetryingReader:
 
     def close(self) -> None:
         self.closed = True
+
+
+class _RetryingReader(RangeReader):
+    """The file-like object behind ``open_input`` on a store: each read one ranged GET under
+    the retry policy (the native handle's reads are stateless, so a retry is safe)."""
+
+    def __init__(self, uri: str, handle: pa.NativeFile) -> None:
+        super().__init__(handle.size())
+        self._uri, self._handle, self._scheme = uri, handle, scheme_of(uri)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        return call(display(self._uri), "read", lambda: _read_at(self._handle, start, end, self._size, True),
+                    scheme=self._scheme)
+
+    def close(self) -> None:
+        super().close()
         self._handle.close()
