@@ -21,12 +21,10 @@ pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.client.pair_logps import segment_logps, segment_sums  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, select_rows  # noqa: E402
 from packfeed.service.packing import assemble_rows, pack  # noqa: E402
 from packfeed.trainer.train_config import ModelConfig  # noqa: E402
-from packfeed.trainer.dpo import PAIR_KEYS, accumulate_dpo_gradients, batch_pair_logps, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402
+from packfeed.trainer.dpo import PAIR_KEYS  # noqa: E402
 from packfeed.trainer.loss_head import (  # noqa: E402
     LOGIT_TRANSFORMS,
     NON_MODEL_KEYS,
@@ -38,7 +36,6 @@ from packfeed.trainer.loss_head import (  # noqa: E402
 from packfeed.trainer.model import build_model  # noqa: E402
 from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
 from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
-from support.pair_rows import pack_pairs, random_pairs  # noqa: E402
 
 VOCAB, SEQ_LEN, ROWS = 128, 32, 3
 EQUAL = 1e-6  # relative, loss and every parameter's gradient (float32); measured <= 1.8e-7
@@ -342,76 +339,6 @@ def test_autocast_projects_in_bf16_and_takes_the_log_softmax_in_fp32():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # and backward runs under autocast too
         token_loss_sum(model, inputs, chunk_tokens=16).backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
-
-
-# DPO: per-segment sums from the head equal segment_logps's from the full logits.
-
-
-def test_segment_sums_golden_case_and_the_row_convention():
-    """cu [0, 3, 6]: slots [0, 1, 3] go to segments [0, 0, 1]; slot 2 would predict segment 1's first label."""
-    logps = torch.tensor([-1.0, -2.0, -4.0])
-    sums, counts = segment_sums(logps, torch.tensor([0, 1, 3]), torch.tensor([0, 3, 6]))
-    assert sums.tolist() == [-3.0, -4.0] and counts.tolist() == [2, 1]
-    with pytest.raises(ValueError, match="the first label of every segment"):
-        segment_sums(logps, torch.tensor([0, 2, 3]), torch.tensor([0, 3, 6]))
-    with pytest.raises(ValueError, match="slots"):
-        segment_sums(logps, torch.tensor([0, 1, 5]), torch.tensor([0, 3, 6]))
-
-
-@pytest.mark.parametrize("forward_class", ["LlamaForCausalLM", "GemmaForCausalLM", "Phi3ForCausalLM",
-                                           "Gemma2ForCausalLM"])
-def test_chunked_pair_logps_equal_the_full_logits(forward_class):
-    model = tiny_model(forward_class)
-    rows = pack_pairs(random_pairs(3, 8, VOCAB), 40, plain=[np.arange(3, 15)])
-    inputs = dpo_micro_batch(rows)
-    assert len(inputs["chosen_segments"]) == 8 and inputs["input_ids"].shape[0] > 1
-    weights = torch.linspace(-1, 1, 8)
-
-    def run(chunk):
-        out = batch_pair_logps(model, inputs, chunk_tokens=chunk)
-        ((out["chosen_logps"] - 2 * out["rejected_logps"]) * weights).sum().backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        return {k: v.detach() for k, v in out.items()}, grads
-
-    full, full_grads = run(0)
-    with torch.no_grad():  # segment_logps itself, for every segment (plain samples and padding too)
-        logits = model(**{k: v for k, v in inputs.items() if k not in NON_MODEL_KEYS}).logits
-        all_sums, all_counts = segment_logps(logits, inputs["labels"], inputs["cu_seq_lens_q"])
-        logps, slots = trained_token_logps(model, inputs, chunk_tokens=5)
-        head_sums, head_counts = segment_sums(logps, slots, inputs["cu_seq_lens_q"])
-    assert head_counts.tolist() == all_counts.tolist() and (all_counts == 0).any()
-    torch.testing.assert_close(head_sums, all_sums, rtol=EQUAL, atol=0)
-    for chunk in (1, 5, 1000):
-        out, grads = run(chunk)
-        for key in ("chosen_tokens", "rejected_tokens"):
-            assert out[key].tolist() == full[key].tolist()
-        for key in ("chosen_logps", "rejected_logps"):
-            torch.testing.assert_close(out[key], full[key], rtol=EQUAL, atol=0)
-        assert relative_error(grads, full_grads) < (EQUAL_ONE_TOKEN_CHUNKS if chunk == 1 else EQUAL), chunk
-    # Negative control: the same token log-probs bucketed one slot off land in other segments.
-    with pytest.raises(ValueError):
-        segment_sums(logps, slots + 1, inputs["cu_seq_lens_q"])
-
-
-def test_dpo_step_with_a_chunked_policy_and_reference_equals_the_full_logits():
-    policy = tiny_model("Qwen3ForCausalLM", seed=0)
-    reference = tiny_model("Qwen3ForCausalLM", seed=1).eval().requires_grad_(False)
-    rows = pack_pairs(random_pairs(5, 6, VOCAB), 40)
-    micro = [dpo_micro_batch(select_rows(rows, [i])) for i in range(rows.num_rows)]
-    results, grads = [], []
-    for chunk in (0, 4):
-        results.append(accumulate_dpo_gradients(policy, micro, reference=reference, loss=DpoLoss(beta=0.5),
-                                                chunk_tokens=chunk))
-        grads.append({n: p.grad.clone() for n, p in policy.named_parameters()})
-        policy.zero_grad(set_to_none=True)
-    assert results[0].pairs == results[1].pairs == 6
-    assert results[1].loss == pytest.approx(results[0].loss, rel=EQUAL)
-    assert results[1].rewards == pytest.approx(results[0].rewards, rel=1e-5, abs=1e-7)
-    assert relative_error(grads[1], grads[0]) < EQUAL
-
-
-# Memory: what the chunked path keeps for backward.
 
 
 def saved_for_backward(fn) -> list[int]:
