@@ -154,7 +154,8 @@ def test_ray_job_stop_checkpoints_and_a_resubmitted_resume_writes_the_model(clus
     logs = job("logs")
     assert "packfeed train: stopped by SIGTERM" in logs and "Traceback" not in logs, logs[-4000:]
     assert stopped_in < 50, f"the driver stopped by itself, before Ray's SIGKILL (60 s): {stopped_in:.0f} s"
-    stop = assert_stopped_at_checkpoint(output, logs, "SIGTERM", signalled_at)
+    stop, checkpoint = assert_stopped_at_checkpoint(output, logs, "SIGTERM", signalled_at)
+    assert {"model", "optimizer.pt"} <= {p.name for p in checkpoint.iterdir()}, "DDP's whole model and optimizer"
 
     resumed = subprocess.run(["bash", str(LOCAL / "submit.sh"), "--config", str(config), "--output", str(output),
                               "--resume"], env=cluster_env, capture_output=True, text=True, timeout=500)

@@ -7,7 +7,8 @@ config and packed directory. Checked:
 
 * from the packed directory and from `packfeed serve` of it, the torchrun run trains the Ray
   run's rows and losses, step by step (1e-5 relative), and its final weights; no Ray process
-  is started by the torchrun job;
+  is started by the torchrun job; both train the directory's rows as they are (rank k of step
+  s gets the step's rows k mod 2);
 * SIGTERM to the job's process group (what `scancel` and Kubernetes do): every rank stops after
   the same step with a checkpoint, the job exits, none of its processes is left a minute
   later; `--resume` under torchrun reaches the end with the uninterrupted run's losses;
@@ -129,6 +130,11 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
 
     a, b = load_file(str(ray_run / "final" / "model.safetensors")), load_file(str(output / "final" / "model.safetensors"))
     assert all(float((a[k] - b[k]).abs().max()) < 1e-5 for k in a)
+    # Ray Train from the packed directory: its rows as they are, rank k of step s the step's rows k mod 2
+    assert json.loads((ray_run / "summary.json").read_text())["stream_rows"] == \
+        json.loads((packed / ".packfeed" / "stats.json").read_text())["rows"]
+    assert trained_rows(ray_run) == {(s, k): [4 * (s - 1) + k + 2 * j for j in range(2)]
+                                     for s in range(1, STEPS + 1) for k in range(2)}
     assert (output / "final" / "tokenizer.json").exists()
     assert not {"raylet", "gcs_server"} & run.names, f"the torchrun job started Ray: {sorted(run.names)}"
     summary = json.loads((output / "summary.json").read_text())

@@ -4,10 +4,13 @@ step, a metrics record every step.
 
 * FSDP2 with full activation checkpointing and a chunked loss trains the losses (1e-4 relative,
   step by step) and the final weights of DDP with the full logits;
-* SIGTERM mid-run stops every rank after the same step with a sharded checkpoint (each rank's
-  shards, no whole model); ``--resume`` with ONE worker and twice the gradient accumulation (the
-  same rows per step: DCP reshards the weights and AdamW's moments) trains the uninterrupted
-  run's losses and final weights;
+* SIGTERM to the driver mid-run: exit 143, every rank stops after the same step with a sharded
+  checkpoint (each rank's shards, no whole model), the driver's line says where and how to go
+  on, nothing of the run is left running; ``--resume`` with ONE worker and twice the gradient
+  accumulation (the same rows per step: DCP reshards the weights and AdamW's moments) trains the
+  uninterrupted run's losses and final weights and writes a complete final/; ``--resume`` of the
+  finished run changes nothing and starts no Ray (the test of SIGTERM to `packfeed train`; Ctrl-C
+  is in test_train_signals.py, `ray job stop` in test_local_cluster.py);
 * ``summary.json`` says what each rank held: half the parameter and optimizer bytes under fsdp.
 """
 
@@ -19,9 +22,18 @@ import signal
 from pathlib import Path
 
 import pytest
-from support.train import Train, corpus_head, run_config_text, wait_for_step
+from support.train import (
+    Train,
+    assert_a_finished_run_resumes_to_nothing,
+    assert_final_model,
+    assert_stopped_at_checkpoint,
+    corpus_head,
+    last_packfeed_line,
+    run_config_text,
+    trained,
+    wait_for_step,
+)
 
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.train_metrics import read_jsonl
 
 torch = pytest.importorskip("torch")
@@ -94,22 +106,35 @@ def test_each_fsdp_rank_holds_half_the_parameter_and_optimizer_bytes(fsdp_run):
     assert sum(r["param_bytes"] for r in ranks) == whole
 
 
-def test_sigterm_then_resume_on_one_worker_trains_the_uninterrupted_run(config, fsdp_run, tmp_path):
+def test_sigterm_stops_at_a_sharded_checkpoint_and_resume_on_one_worker_trains_the_uninterrupted_run(
+        config, fsdp_run, tmp_path):
+    """SIGTERM to the driver mid-run: exit 143, every rank stopped after the same checkpointed
+    step, the driver says where and how to go on, no final/, none of the run's processes left
+    (its embedded Ray's included). ``--resume`` on one worker trains the uninterrupted run's
+    losses and weights, each step once, and writes a complete final/; ``--resume`` again says
+    the run is finished and changes nothing, without starting Ray."""
     output = tmp_path / "stopped"
     run = Train(config, output, *FSDP)
-    wait_for_step(output, 2, run.alive)
+    signalled_at = wait_for_step(output, 2, run.alive)
     os.kill(run.proc.pid, signal.SIGTERM)
     code, out = run.ended()
     assert code == 143, out[-3000:]
-    checkpoint = Path(latest_checkpoint(output))
-    stop = int(read_state(checkpoint)["step"])
-    assert 2 <= stop < STEPS
+    assert last_packfeed_line(out) == "packfeed train: stopped by SIGTERM", out[-2000:]
+    stop, checkpoint = assert_stopped_at_checkpoint(output, out, "SIGTERM", signalled_at, steps=STEPS)
     files = {p.name for p in (checkpoint / "sharded").iterdir()}
     assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= files, "every rank's shards, in one checkpoint"
     assert not (checkpoint / "model").exists(), "no rank wrote the whole model"
-    assert not run.left()
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["stopped"]["step"] == stop and summary["steps"] == stop and "final_model" not in summary
+    assert not run.left(), "no process of the run (its embedded Ray included) is left"
 
-    code, out = Train(config, output, *FSDP, "--resume", "--num-workers", "1", "--grad-accum", "2").ended()
+    resume = (*FSDP, "--num-workers", "1", "--grad-accum", "2")
+    code, out = Train(config, output, *resume, "--resume").ended()
     assert code == 0, out[-3000:]
     assert f"at step {stop}," in out
+    assert sorted((s, r) for s, r, _ in trained(output)) == (
+        [(s, r) for s in range(1, stop + 1) for r in (0, 1)] + [(s, 0) for s in range(stop + 1, STEPS + 1)]), \
+        "each step trained once: by both ranks before the stop, by the one after it"
     assert_same_training(fsdp_run, output)
+    assert_final_model(output, STEPS)
+    assert_a_finished_run_resumes_to_nothing(config, output, STEPS, *resume)

@@ -1,17 +1,19 @@
 """Ray Train end to end on a real local Ray (2 CPUs): checkpoints, exact resume, a worker
-dying mid-run, another world size, data running out.
+dying mid-run, another world size, data running out, too many skipped samples.
 
 One uninterrupted 6-step run is the reference. Against it, per (step, rank), the global row
 indices trained and the loss (fp32 CPU, to 1e-5):
 
 * a run stopped after 3 steps and resumed with ``resume=True``;
-* a run whose train worker dies after step 4 (``$PACKFEED_FAULTS=train-step:4@1``): Ray Train
-  restarts the worker group by itself from the step-3 checkpoint (``[train] max_failures``), and
-  the feeder serves the restarted ranks the same rows; and one whose restarted group needs rows
-  the feeder's buffer no longer holds (its reader goes back for them);
 * the stopped run resumed with ONE worker (another world size) and more steps than the data
   holds: every row of the stream is trained exactly once over both runs, and the summary says
   ``stopped_early``.
+
+And a run whose train worker dies after step 12 (``$PACKFEED_FAULTS=train-step:12@0``): Ray
+Train restarts the worker group by itself (``[train] max_failures``), and the restarted ranks
+need rows the feeder's buffer no longer holds (its reader goes back for them): each (step, rank)
+trains the rows the assignment gives it. A packed directory under Ray Train (rank k of step s
+gets its rows k mod N) is tested beside torchrun in test_torchrun.py.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from packfeed.trainer.train_metrics import read_jsonl
 
 pytestmark = pytest.mark.integration
 
-STEPS, INTERRUPT, KILL_AFTER = 6, 3, 4
+STEPS, INTERRUPT = 6, 3
 
 
 @pytest.fixture(scope="module")
@@ -137,36 +139,14 @@ def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, inte
     assert model.get_input_embeddings().num_embeddings == len(AutoTokenizer.from_pretrained(straight / "final"))
 
 
-def test_a_worker_that_dies_mid_run_is_restarted_and_trains_the_same_rows(straight, run_config, tmp_path, monkeypatch):
-    """Issue: train survives a worker crash. Rank 1 dies once it has finished step 4 (fault
-    injection: the process ends at that step, not when a polling thread gets to it); Ray Train
-    restarts the group from its latest registered checkpoint without help."""
-    from packfeed.trainer.run import train
-
-    monkeypatch.setenv(FAULTS_ENV, f"train-step:{KILL_AFTER}@1")
-    monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))  # once: the restarted rank 1 passes step 4
-    summary = train(run_config, output=tmp_path)
-    assert (tmp_path / "drill" / f"train-step-{KILL_AFTER}-1.fired").exists(), "rank 1 did die after step 4"
-    records = read_jsonl(tmp_path / "rows" / "rank1.jsonl")
-    pids = [rec["pid"] for rec in records]
-    assert len(set(pids)) == 2, "rank 1 ran in a second process after its death (the group was restarted)"
-    assert [rec["step"] for rec in records if rec["pid"] == pids[0]][-1] == KILL_AFTER
-    # Ray Train registers a reported checkpoint when its controller next polls the worker: a
-    # worker that dies sooner restarts the group from the checkpoint before it (here none, so
-    # step 1). Either way every step trains the same rows to the same loss (below).
-    assert [rec["step"] for rec in records if rec["pid"] == pids[-1]][0] in (1, INTERRUPT + 1)
-    assert summary["steps"] == STEPS
-    assert_same_training(rows_seen(straight), rows_seen(tmp_path))
-    steps = [rec["step"] for rec in read_jsonl(tmp_path / "metrics.jsonl")]
-    assert steps == sorted(set(steps)) and steps[-1] == STEPS, "each step once in the curve, after the restart too"
-
-
 def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp_path_factory, tmp_path, monkeypatch):
-    """Rank 0 dies after step 12 of a run with no checkpoint before its end: Ray Train restarts
-    the group from scratch, and the rows of steps 1.. are long gone from the feeder's 128-row
+    """Issue: train survives a worker crash. Rank 0 dies once it has finished step 12 (fault
+    injection: the process ends at that step, not when a polling thread gets to it) of a run with
+    no checkpoint before its end: Ray Train restarts the group from scratch by itself
+    (``[train] max_failures``), and the rows of steps 1.. are long gone from the feeder's 128-row
     buffer (16 rows a step). The feeder starts its reader again at the window holding them; every
     (step, rank) trains the rows the assignment gives it, a step trained twice the same rows to
-    the same loss."""
+    the same loss, and the curve has each step once."""
     from packfeed.trainer.run import train
 
     paths = corpus_head(tmp_path_factory.mktemp("corpus300"), 300)  # ~300 rows: 14 steps and a buffer
@@ -182,12 +162,18 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
     monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))
     summary = train(run, output=tmp_path / "run")
     assert (tmp_path / "drill" / f"train-step-{crash}-0.fired").exists(), "rank 0 did die after step 12"
-    assert len({rec["pid"] for rec in read_jsonl(tmp_path / "run" / "rows" / "rank0.jsonl")}) == 2
+    records = read_jsonl(tmp_path / "run" / "rows" / "rank0.jsonl")
+    pids = [rec["pid"] for rec in records]
+    assert len(set(pids)) == 2, "rank 0 ran in a second process after its death (the group was restarted)"
+    assert [rec["step"] for rec in records if rec["pid"] == pids[0]][-1] == crash
+    assert [rec["step"] for rec in records if rec["pid"] == pids[-1]][0] == 1, "no checkpoint: from the start"
     assert summary["steps"] == steps and summary["reader_restarts"] >= 1, summary  # the reader went back for them
     seen = rows_seen(tmp_path / "run")  # a step trained twice: the same rows, the same loss
     assert sorted(seen) == [(s, r) for s in range(1, steps + 1) for r in range(2)]
     for (step, rank), (indices, _) in seen.items():  # rank k of 2 gets the rows k mod 2 of its step
         assert indices == [per_step * (step - 1) + rank + 2 * j for j in range(per_step // 2)], (step, rank)
+    curve = [rec["step"] for rec in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    assert curve == sorted(set(curve)) and curve[-1] == steps, "each step once in the curve, after the restart too"
 
 
 def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(interrupted, run_config, tmp_path):
@@ -209,27 +195,6 @@ def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(in
     per_step = one_worker.train.grad_accum * one_worker.train.micro_batch_rows
     padding = len(before + after) - total
     assert 0 <= padding < per_step, "only the last step is filled with padding rows"
-
-
-def test_pack_once_train_from_the_packed_directory(ray_cluster, run_config, small_corpus, tmp_path):
-    """A `packfeed pack` directory trains as it is: rank k of step s gets its rows k mod N."""
-    from packfeed.service.cli import main
-    from packfeed.service.packed.writer import read_packed_dir
-    from packfeed.trainer.run import train
-
-    packed = tmp_path / "packed"
-    assert main(["pack", *small_corpus, "--tokenizer", demo_tokenizer_path(), "--seq-len", "256",
-                 "--output", str(packed)]) == 0
-    rows = read_packed_dir(packed)
-    run = dataclasses.replace(
-        run_config, data=DataConfig.from_inputs((str(packed),), tokenizer=demo_tokenizer_path(), seq_len=256),
-        train=dataclasses.replace(run_config.train, max_steps=2, checkpoint_every=0),
-    )
-    summary = train(run, output=tmp_path / "run")
-    assert summary["steps"] == 2 and summary["stream_rows"] == rows.num_rows
-    seen = rows_seen(tmp_path / "run")
-    for (step, rank), (indices, _) in seen.items():  # 2 ranks x 4 rows per step
-        assert indices == [8 * (step - 1) + rank + 2 * j for j in range(4)], (step, rank)
 
 
 def test_train_fails_as_pack_does_when_more_samples_are_skipped_than_allowed(ray_cluster, run_config, small_corpus,

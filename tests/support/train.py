@@ -1,9 +1,9 @@
 """A small `packfeed train` run as a real process, and what a stopped or finished one must show.
 
-Used by tests/integration/test_train_signals.py (signals to the driver) and
-tests/integration/test_local_cluster.py (`ray job stop`). The run: tiny Llama, 2 DDP workers,
-seq_len 256, 4 rows a step, a metrics record every step, the only checkpoint at the stop (or
-the end), every (step, rank)'s rows recorded.
+Used by tests/integration/test_train_signals.py (Ctrl-C), test_train_fsdp.py (SIGTERM to the
+driver, resumed at another world size) and test_local_cluster.py (`ray job stop`). The run:
+tiny Llama, 2 workers, seq_len 256, 4 rows a step, a metrics record every step, the only
+checkpoint at the stop (or the end), every (step, rank)'s rows recorded.
 """
 
 from __future__ import annotations
@@ -162,18 +162,43 @@ def contract_rows(step: int, rank: int) -> list[int]:
     return [per_step * (step - 1) + rank + WORKERS * j for j in range(ROWS_PER_RANK)]
 
 
-def assert_stopped_at_checkpoint(output: Path, out: str, signal_name: str, signalled_at: int) -> int:
-    """The driver's line names the checkpoint of the step every rank stopped after; returns it."""
+def assert_stopped_at_checkpoint(output: Path, out: str, signal_name: str, signalled_at: int, *,
+                                 steps: int = STEPS) -> tuple[int, Path]:
+    """The driver's line names the checkpoint of the step every rank stopped after, of a run of
+    ``steps``; returns (that step, the checkpoint)."""
     match = STOPPED.search(out)
     assert match, out[-3000:]
     step, last, name, checkpoint = int(match[1]), int(match[2]), match[3], Path(match[4])
-    assert (name, last) == (signal_name, STEPS)
-    assert signalled_at <= step < STEPS, "the signal came mid-run and the run stopped soon after it"
+    assert (name, last) == (signal_name, steps)
+    assert signalled_at <= step < steps, "the signal came mid-run and the run stopped soon after it"
     assert latest_checkpoint(output) == checkpoint and read_state(checkpoint)["step"] == step
-    assert {p.name for p in checkpoint.iterdir()} >= {"model", "optimizer.pt", "scheduler.pt", "trainer_state.json"}
+    assert {"scheduler.pt", "trainer_state.json"} <= {p.name for p in checkpoint.iterdir()}
     assert sorted((s, r) for s, r, _ in trained(output)) == steps_of_every_rank(step), \
         "every rank trained the same steps, each once, and stopped after the checkpointed one"
     assert not (output / "final").exists(), "a stopped run writes no final model"
-    return step
+    return step, checkpoint
+
+
+def assert_final_model(output: Path, steps: int) -> None:
+    """A finished run's final/: its state at the last step, the model and tokenizer files, nothing
+    left of its writing, and a summary without a stop."""
+    assert json.loads((output / "final" / "packfeed_state.json").read_text()) == {"step": steps}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= \
+        {p.name for p in (output / "final").iterdir()}
+    assert not list(output.glob(".final*")), "nothing is left of the final model's writing"
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["steps"] == steps and "stopped" not in summary
+
+
+def assert_a_finished_run_resumes_to_nothing(config: Path, output: Path, steps: int, *flags: str) -> None:
+    """``--resume`` of a finished run says so, starts no Ray and changes no file."""
+    before = {p: p.read_bytes() for p in (output / "summary.json", output / "metrics.jsonl")}
+    names = sorted(str(p.relative_to(output)) for p in output.rglob("*"))
+    code, out = Train(config, output, *flags, "--resume").ended(timeout=120)
+    assert code == 0, out[-3000:]
+    assert f"is finished, nothing to do: it trained step {steps} of {steps}" in out, out[-2000:]
+    assert "Ray:" not in out, "a finished run starts no Ray"
+    assert {p: p.read_bytes() for p in before} == before, "summary.json and metrics.jsonl untouched"
+    assert sorted(str(p.relative_to(output)) for p in output.rglob("*")) == names
 
 
