@@ -18,6 +18,14 @@ go. None of them can come true here:
   ``PreemptionWatcher``'s arguments are actor handles, which the GCS keeps.
 * The GCS's kill of an actor whose process is gone "fails" with nothing left to do.
 
+And one warning that is true but transient: Ray Train's controller asks Ray Data's autoscaling
+coordinator (an actor it starts) for the run's resources with a 5 s timeout, and on a loaded
+machine the actor's process can take longer to start: "Failed to send resource request for
+train-... If this only happens transiently ... it's safe to ignore this error", with the
+traceback of the timeout. The controller asks again every 20 s, and a fixed cluster has nothing
+to scale. Its first one in a process goes, traceback and all (``Transient``); a second (the
+coordinator still not answering) is shown as the one line Ray wrote.
+
 Both come out of Ray's C++ logging, by two roads. The other processes' lines reach the driver
 through Ray's log forwarding, printed by its log thread: ``filter_forwarded_lines`` drops them
 there, in Python, at no cost to any other line. The driver's own core worker writes straight to
@@ -45,6 +53,36 @@ NOISE = (
     re.compile(rb"gcs_actor_scheduler\.cc:\d+: Failed to kill actor"),
 )
 PARTIAL_LINE_SECONDS = 0.2  # a line without its newline yet (a prompt) is copied after this long
+
+
+TRANSIENT = re.compile(r"Failed to send resource request for train-\S+\. If this only happens transiently")
+
+
+class Transient:
+    """Forwarded lines less the transient warning above: each process's first one and its
+    traceback (which may reach the driver in more than one batch) go; later ones keep their
+    line, never their traceback."""
+
+    def __init__(self) -> None:
+        self.seen: set = set()  # processes whose first warning went
+        self.in_traceback: set = set()  # processes whose traceback is still arriving
+
+    def kept(self, pid, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            if pid in self.in_traceback:
+                if line.startswith("Traceback (most recent call last)") or line[:1].isspace():
+                    continue
+                self.in_traceback.discard(pid)  # the exception's own line ends it
+                continue
+            if TRANSIENT.search(line):
+                self.in_traceback.add(pid)
+                if pid in self.seen:
+                    out.append(line)
+                self.seen.add(pid)
+                continue
+            out.append(line)
+        return out
 
 
 def is_noise(line: bytes) -> bool:
@@ -111,11 +149,13 @@ def filter_forwarded_lines() -> None:
     wrapped once; a no-op where Ray prints no worker output here, ``log_to_driver=False``)."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
+    transient = Transient()
     with dispatcher._lock:
         for i, (name, handle) in enumerate(dispatcher.handlers):
             if name == _HANDLER and not getattr(handle, "_packfeed_quiet", False):
                 def quiet(data, handle=handle):
                     lines = [line for line in data.get("lines", ()) if not is_noise(line.encode(errors="replace"))]
+                    lines = transient.kept(data.get("pid"), lines)
                     if lines:
                         handle({**data, "lines": lines})
                 quiet._packfeed_quiet = True

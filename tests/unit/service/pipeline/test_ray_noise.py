@@ -88,6 +88,35 @@ def test_forwarded_lines_lose_the_noise_in_ray_s_own_printer():
         kept = [line.decode().rstrip("\n") for line in KEPT]
         dispatcher.emit({"pid": 7, "is_err": True, "lines": [kept[0], CONSTRUCTOR.decode().rstrip(), kept[1]]})
         dispatcher.emit({"pid": 8, "is_err": True, "lines": [KILL.decode().rstrip()]})
+        dispatcher.emit({"pid": 9, "is_err": True, "lines": [RESOURCE_REQUEST, *TIMEOUT_TRACEBACK]})  # below
         assert printed == [{"pid": 7, "is_err": True, "lines": kept[:2]}]
     finally:
         dispatcher.remove_handler("ray_print_logs")
+
+
+# Ray Train's controller on a loaded machine (Ray 2.60), as forwarded: the warning, then its traceback.
+RESOURCE_REQUEST = (
+    "Failed to send resource request for train-28caf4966c4a48f59b32791409c73d0d. If this only happens transiently "
+    "during network partition or CPU being overloaded, it's safe to ignore this error. If this error persists, "
+    "file a GitHub issue.")
+TIMEOUT_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "ray/train/v2/_internal/execution/scaling_policy/autoscaling_coordinator_client.py", line 58, in send',
+    "    ray.get(",
+    "           ^^^^^^^^^^^^^^^^^^^^^",
+    "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready.",
+]
+
+
+def test_the_transient_resource_request_warning_goes_once_per_process_with_its_whole_traceback():
+    """Its first time in a process: the line and its traceback go, even split over batches, and
+    the lines after it stay; a second time (the coordinator still silent): its line stays, the
+    traceback goes; another process's first time goes too."""
+    transient = ray_noise.Transient()
+    assert transient.kept(7, ["before", RESOURCE_REQUEST, *TIMEOUT_TRACEBACK[:2]]) == ["before"]
+    assert transient.kept(7, [*TIMEOUT_TRACEBACK[2:], "step 1/8", "  indented, after"]) == \
+        ["step 1/8", "  indented, after"]
+    assert transient.kept(7, [RESOURCE_REQUEST, *TIMEOUT_TRACEBACK, "step 2/8"]) == [RESOURCE_REQUEST, "step 2/8"]
+    assert transient.kept(8, [RESOURCE_REQUEST, *TIMEOUT_TRACEBACK]) == []
+    assert transient.kept(8, ["Traceback (most recent call last):", "  File x", "ValueError: a real one"]) == \
+        ["Traceback (most recent call last):", "  File x", "ValueError: a real one"], "other tracebacks stay"
