@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--rows", type=int, default=1, help="rows per micro-batch (one micro-batch per step)")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--vocab", type=int, default=VOCAB,
+                   help="vocabulary size (the logits' width; smaller only to try the script quickly)")
     p.add_argument("--attn", default=None, help="attention back-end (CPU: sdpa; CUDA: varlen)")
     p.add_argument("--only", action="append", choices=sorted(LAYOUTS), help="run only these layouts (repeatable)")
     p.add_argument("--json", help="also write the results to this file")
@@ -84,7 +86,7 @@ def packed_rows(args: argparse.Namespace, rank: int, step: int):
     while sum(lengths) < args.rows * args.seq_len * 0.97:
         lengths.append(int(np.clip(rng.lognormal(np.log(args.seq_len / 8), 1.0), 16, args.seq_len)))
     lengths = np.array(lengths)
-    tokens = rng.integers(3, VOCAB, size=int(lengths.sum())).astype(np.int32)
+    tokens = rng.integers(3, args.vocab, size=int(lengths.sum())).astype(np.int32)
     labels = tokens.copy()
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     rows = assemble_rows(pack(lengths, args.seq_len), tokens, labels, offsets, np.arange(len(lengths)),
@@ -119,7 +121,7 @@ def run_layout(rank: int, args: argparse.Namespace, out: str) -> None:
     try:
         bf16 = torch.bfloat16 if cuda else None
         model = build_model(ModelConfig(name="tiny-llama", attn=args.attn, overrides=model_overrides(args.device)),
-                            vocab_size=VOCAB, device=device, seed=0)
+                            vocab_size=args.vocab, device=device, seed=0)
         fpt = flops_per_token(model, args.seq_len)
         apply_activation_checkpointing(model, checkpointing)
         model = apply_sharding(model, sharding, param_dtype=bf16, device=device)
@@ -204,7 +206,7 @@ def main(argv=None) -> int:
         ])
     device = next((r["device"] for r in results.values() if "device" in r), args.device)
     table(f"memory layouts on {device}: seq_len {args.seq_len}, {args.rows} row(s) per step, {args.world} rank(s), "
-          f"vocabulary {VOCAB:,}; reference {REFERENCE}",
+          f"vocabulary {args.vocab:,}; reference {REFERENCE}",
           ["layout", "peak GiB", "peak vs ref", "tokens/s", "tokens/s vs ref", "MFU", "loss rel. diff"], rows)
     if args.json:
         with open(args.json, "w") as f:

@@ -24,7 +24,7 @@ mkdir -p "$OUT"
 rm -rf "${OUT:?}/packed" "${OUT:?}/train"
 
 if [ -n "${GPU_CHECK_CPU:-}" ]; then
-    SEQ=512; NPROC=2; STEPS=6; ATTN=sdpa; PRECISION=fp32; DOCS=300; BENCH="--seq-len 512 --steps 1 --only fsdp-full-chunked"
+    SEQ=512; NPROC=2; STEPS=6; ATTN=sdpa; PRECISION=fp32; DOCS=300; BENCH="--seq-len 512 --steps 1 --vocab 8192 --only fsdp-full-chunked"
     MODEL='overrides = { hidden_size = 64, intermediate_size = 128, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2 }'
     export OMP_NUM_THREADS=1
 else
@@ -35,7 +35,7 @@ fi
 
 echo "== 1. tests/gpu" | tee "$OUT/steps.log"
 set +e
-"$PY" -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/pytest_gpu.log" 2>&1
+"$PY" -m pytest -q -n 0 -p no:cacheprovider tests/gpu > "$OUT/pytest_gpu.log" 2>&1  # one process: one GPU
 GPU_TESTS=$?
 set -e
 tail -n 1 "$OUT/pytest_gpu.log" | tee -a "$OUT/steps.log"

@@ -1,7 +1,7 @@
 """`packfeed pack` with each tokenizer back-end, on a real local Ray (2 packing actors).
 
 The fast back-end writes the HF back-end's rows byte for byte (every column) on the bundled
-corpus with the real Qwen2.5 tokenizer; stats.json says which back-end packed each window and
+corpus's first lines (each of its formats, 3 windows) with the real Qwen2.5 tokenizer; stats.json says which back-end packed each window and
 what each actor verified; the stream's config hash does not depend on the back-end. A
 tokenizer the fast path cannot reproduce is packed by HF under ``auto`` and stops the run
 under ``fast``, with the reason, whether it is refused at load or by the first window's data.
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.tokenizers import gpt2_regex_tokenizer, merge_order_trap, qwen_tokenizer_dir
+from support.train import corpus_head
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
@@ -23,6 +24,7 @@ from packfeed.service.packed.writer import read_packed_dir
 pytestmark = pytest.mark.integration
 
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index")
+LINES = 800  # of each bundled file, for the three back-ends' packs with the real Qwen2.5 tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +38,19 @@ def pack(inputs, tokenizer: str, out: Path, backend: str, *extra: str) -> int:
 
 
 def test_every_back_end_packs_the_same_rows(ray_cluster, qwen_dir, tmp_path):
+    # the first 800 lines of each bundled file (of its three formats): 3 windows, both actors
+    inputs = corpus_head(tmp_path / "corpus", LINES)
     outputs = {}
     for backend in ("hf", "fast", "auto"):
-        assert pack(demo_corpus_paths(), qwen_dir, tmp_path / backend, backend, "--validate") == 0
+        assert pack(inputs, qwen_dir, tmp_path / backend, backend, "--validate") == 0
         outputs[backend] = (
             read_packed_dir(tmp_path / backend),
             json.loads((tmp_path / backend / ".packfeed" / "stats.json").read_text()),
             json.loads((tmp_path / backend / ".packfeed" / "config.json").read_text()),
         )
     rows_hf, stats_hf, config_hf = outputs["hf"]
-    assert stats_hf["samples_packed"] == 7500 and stats_hf["trained_tokens"] < stats_hf["tokens"]
+    assert stats_hf["samples_packed"] == 3 * LINES and stats_hf["trained_tokens"] < stats_hf["tokens"]
+    assert stats_hf["windows"] == 3
     for backend in ("fast", "auto"):
         rows, stats, config = outputs[backend]
         for column in COLUMNS:
