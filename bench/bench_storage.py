@@ -18,12 +18,20 @@ the same run; figures are ratios to it.
     started once for both, one packing actor per CPU): tokens/s (steady and overall), the
     whole run's requests and bytes (scan, probe and the packing actors' reads): bytes read /
     input bytes, split into the scan's, the probe's and the windows' (the rest), beside
-    stats.json's ``read_ratio`` (the scan and the windows, as packfeed counts them), and a check
-    that both outputs hold the same rows. With ``--storm``, a third pack from S3 while the
-    proxy throttles (``FaultProxy.storm``: the first 4 of every 10 GETs of each object 503
-    SlowDown, every 5th GET dropped), under the default retry policy (2 minutes a request,
+    stats.json's ``read_ratio`` (the scan, the probe and the windows, as packfeed counts them:
+    1.00 where the proxy saw 1.00), and a check that both outputs hold the same rows. With
+    ``--storm``, a third pack from S3 while the proxy throttles (``FaultProxy.storm``: the first
+    4 of every 10 GETs of each object 503 SlowDown, every 5th GET dropped), under the default retry policy (2 minutes a request,
     full-jitter backoff from 0.25 s): its seconds, retries, throttled answers and seconds spent
     backing off, and its rows checked against the clean packs'.
+
+(4) ``packfeed serve`` from S3 restarted on a fresh node (``--only restart``): one rank reads the
+    stream, keeping its state half-way; the server is stopped (SIGTERM) and started again with an
+    empty node read cache; the rank resumes. The restart's input bytes / what remains after the
+    cursor (inputs/extents.py). ``--quick``: 903 rows, cursor 464, restart from window 2 of 5,
+    what remains 0.60 of the inputs, read 1.08 x it (the rest: gaps a JSONL cursor reads through
+    rather than make another request, fileio.py ``MAX_GAP``); no scan, no probe. 64 MB: 14,557
+    rows, cursor 7,296, window 4 of 9, what remains 0.59, read 1.03 x it.
 
 moto is a Python server and the proxy runs in this process: a request costs ~1-3 ms here, far
 less than a store's ~10-100 ms, so the times show the client's overhead, not a store's latency;
@@ -33,8 +41,9 @@ actors use them as a real run does. ``--quick --only pack`` measured a pack at 5
 bytes without them (0.92 scan + 0.33 probe + 4.31 windows), 2.95x with the memory cache alone
 (``PACKFEED_READ_CACHE_DIR=off``), 1.00x with both (the default: 0.92 + 0.08 + 0.00).
 
-    .venv/bin/python bench/bench_storage.py             # ~45 s on 2 cores (64 MB, 9 windows)
-    .venv/bin/python bench/bench_storage.py --quick     # ~30 s (4 MB; too few windows for a steady rate)
+    .venv/bin/python bench/bench_storage.py             # ~80 s on 2 cores (64 MB, 9 windows)
+    .venv/bin/python bench/bench_storage.py --quick     # ~35 s (4 MB; too few windows for a steady rate)
+    .venv/bin/python bench/bench_storage.py --only restart   # ~35 s: (4) alone, 64 MB
     .venv/bin/python bench/bench_storage.py --mb 128 --only pack     # 18 windows: a steadier rate
     .venv/bin/python bench/bench_storage.py --quick --only pack --storm  # a pack through throttling
     PACKFEED_READ_CACHE_MIB=0 PACKFEED_READ_CACHE_DIR=off .venv/bin/python bench/bench_storage.py --quick --only pack  # no cache
@@ -47,6 +56,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -75,6 +85,7 @@ WORDS = (
     "distributed training packing tokenizer attention gradient batch sequence transformer model 2024 17"
 ).split()
 PREFIX = "corpus"
+RESTART_BLOCK = 32  # (4): block_samples of the restarted stream
 MIN_STEADY_WINDOWS = 8  # fewer: the steady rate is a window or two after the first row, noise
 
 
@@ -304,18 +315,79 @@ def storm_bench(results: dict) -> None:
         raise SystemExit("the rows packed through throttling differ from the clean pack's")
 
 
+def restart_bench(corpus: Corpus, proxy, work: Path) -> None:
+    """(4) ``packfeed serve`` from S3 (its state dir there too) read to the end by one rank, which
+    keeps its state half-way; the server stopped (SIGTERM) and started again with an empty node
+    read cache (another node's); the rank resumes from the kept state. What the restart read from
+    the store against what remains: the byte ranges the windows from the cursor's on draw
+    (inputs/extents.py, over the plan of the same files on disk). Blocks of ``RESTART_BLOCK``
+    rows (a JSONL seek point at each): with the default 256, the windows of a small corpus each
+    draw from every seek stretch, and what remains is nearly all the inputs whatever the cursor."""
+    from support.serve import ServerProcess
+
+    from packfeed.client.stream import PackedStream
+    from packfeed.service.inputs.disk_cache import DIR_ENV
+    from packfeed.service.inputs.extents import num_bytes, union, window_extents
+
+    class StoreServer(ServerProcess):  # --state-dir a URI
+        def command(self) -> list[str]:
+            command = super().command()
+            command[command.index("--state-dir") + 1] = f"{corpus.remote}-serve-state"
+            return command
+
+    inputs = [f"{corpus.remote}/web/*.jsonl", f"{corpus.remote}/sft/*.parquet"]
+    flags = ["--tokenizer", demo_tokenizer_path(), "--seq-len", "2048", "--num-workers", "1", "--buffer-rows", "128",
+             "--block-samples", str(RESTART_BLOCK), *(["--window-samples", str(corpus.window)] if corpus.window else [])]
+    server = StoreServer([*inputs, *flags], log=work / "serve.log", state_dir=work,
+                         env={"RAY_ADDRESS": "", DIR_ENV: str(work / "node-a")})
+    try:
+        with Wire(proxy) as first:
+            server.start()
+            with PackedStream(server.target, batch_rows=16) as stream:
+                states = [stream.state_dict() for _ in stream]
+            assert server.terminate() == 0, server.tail()
+            proxy.wait_quiet()
+        state, total = states[len(states) // 2], states[-1]["cursor"]
+        server.env[DIR_ENV] = str(work / "node-b")  # another node: the first run's reads are not at hand
+        offset = server.log.stat().st_size
+        with Wire(proxy) as wire:
+            server.start()
+            with PackedStream(server.target, batch_rows=16, state=state) as stream:
+                rest = sum(batch.num_rows for batch in stream)
+            proxy.wait_quiet()
+    finally:
+        server.kill()
+    started = re.findall(r"packing from window (\d+) of (\d+)", server.log.read_bytes()[offset:].decode())
+    window, num_windows = map(int, started[-1])
+    plan = build_plan(DataConfig.from_dict({"inputs": [i.replace(corpus.remote, corpus.local) for i in inputs],
+                                            "tokenizer": demo_tokenizer_path(), "seq_len": 2048,
+                                            "window_samples": corpus.window, "block_samples": RESTART_BLOCK}))
+    metadata: dict = {}
+    remains = num_bytes(union(window_extents(plan.window(k), metadata=metadata) for k in range(window, plan.num_windows)))
+    read = sum(r.bytes_out for r in wire.requests if r.method == "GET" and r.key.startswith(f"{PREFIX}/"))
+    first_read = sum(r.bytes_out for r in first.requests if r.method == "GET" and r.key.startswith(f"{PREFIX}/"))
+    table("(4) packfeed serve from S3 (state dir on S3) stopped at a rank's cursor half-way and started again on a "
+          f"fresh node (empty read cache), block_samples {RESTART_BLOCK}; remaining: the input byte ranges the windows "
+          "from the cursor's on draw",
+          ["rows", "cursor", "restart from window", "rows after it", "first run read / inputs", "remaining / inputs",
+           "restart read", "restart read / remaining", "requests (proxy)"],
+          [[f"{total:,}", f"{state['cursor']:,}", f"{window} of {num_windows}", f"{rest:,}",
+            f"{first_read / corpus.sizes['all']:.2f}", f"{remains / corpus.sizes['all']:.2f}", f"{read:,}",
+            f"{read / remains:.2f}", wire.by_method()]])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=64.0, help="corpus size in MB")
     parser.add_argument("--quick", action="store_true", help="a 4 MB corpus")
     parser.add_argument("--row-group", type=int, default=2048, help="Parquet rows per row group")
     parser.add_argument("--window", type=int, default=None, help="window_samples (default: packfeed's auto)")
-    parser.add_argument("--only", choices=("scan", "read", "pack"), action="append",
+    parser.add_argument("--only", choices=("scan", "read", "pack", "restart"), action="append",
                         help="run only these parts (repeatable)")
     parser.add_argument("--storm", action="store_true", help="pack from S3 once more while the store throttles")
     args = parser.parse_args(argv)
     megabytes = 4.0 if args.quick else args.mb
-    only = set(args.only or ("scan", "read", "pack"))
+    only = set(args.only or ("scan", "read", "pack", "restart"))
 
     from support.s3 import S3Server
     from support.s3_proxy import FaultProxy
@@ -344,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                     read_bench(corpus, proxy)
                 if "pack" in only:
                     pack_bench(corpus, proxy, work, storm=args.storm)
+                if "restart" in only:
+                    restart_bench(corpus, proxy, work)
             finally:
                 proxy.stop()
     finally:

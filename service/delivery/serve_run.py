@@ -18,8 +18,9 @@ ends the server the same way once it has started: the handlers are installed fir
 The manifest (first row of each window, stream length) is kept under ``state_dir`` (a
 directory or a URI: ``s3://bucket/serve-state``), so a restarted server resumes any cursor by
 packing from the window that holds it, and replays the online mixture changes recorded there
-(mixture_changes.py); so is the inputs' scan manifest
-(``scan-<config hash>.npz``), so a restart reads no input to plan.
+(mixture_changes.py); so are the inputs' scan manifest
+(``scan-<config hash>.npz``) and the record of their probe (``probed-<config hash>.txt``), so a
+restart reads no input to plan or to probe: only the windows from its consumers' cursor on.
 """
 
 from __future__ import annotations
@@ -88,8 +89,7 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
     uses_ray = not isinstance(packed_or_config, PackedDir)
     state_dir = os.fspath(options.state_dir)
     if uses_ray:
-        scan_cache = storage.join(state_dir, f"scan-{packed_or_config.config_hash()}.npz")
-        stream = open_pipeline_stream(packed_or_config, scaling, address, scan_cache=scan_cache)
+        stream = open_pipeline_stream(packed_or_config, scaling, address, state_dir=state_dir)
     else:
         stream = open_stream(packed_or_config)
     manifest = Manifest(stream.manifest_key, storage.join(state_dir, f"{stream.manifest_key}.json"))
@@ -152,15 +152,19 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
 
 
 def open_pipeline_stream(config: DataConfig, scaling: PackingScaling, address: str | None, *,
-                         scan_cache: str | None = None) -> RowStream:
+                         state_dir: str | None = None) -> RowStream:
     """Everything checkable before Ray (``preflight``: the plan, the tokenizer, the inputs' first
     rows and the chat template on them), then Ray, the packing actors placed, and the pipeline's
-    RowStream. ``scan_cache``: where the plan keeps the inputs' scan manifest (a restart reads
-    no input to plan)."""
+    RowStream. ``state_dir``: where the plan keeps the inputs' scan manifest (a restart reads no
+    input to plan) and the probe that passed is recorded (a restart on the same files does not
+    probe again: it reads no input before its consumers' cursor)."""
     # The catch-up path packs windows in this process: one tokenizer thread, so it does not
     # fight the packing actors for every core (the Rust pool reads this once, on first use).
     os.environ["RAYON_NUM_THREADS"] = "1"
-    checked = preflight(config, RayStart(address), scan_cache=scan_cache)
+    kept = {} if state_dir is None else {
+        "scan_cache": storage.join(state_dir, f"scan-{config.config_hash()}.npz"),
+        "probe_record": storage.join(state_dir, f"probed-{config.config_hash()}.txt")}
+    checked = preflight(config, RayStart(address), **kept)
     placed = place_packing(scaling, num_windows=checked.plan.num_windows)
     return open_stream(checked.plan, config, tokenizer=checked.tokenizer, scaling=placed)
 

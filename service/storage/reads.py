@@ -179,10 +179,12 @@ class _RetryingReader(RangeReader):
     def __init__(self, uri: str, handle: pa.NativeFile) -> None:
         super().__init__(handle.size())
         self._uri, self._handle, self._scheme = uri, handle, scheme_of(uri)
+        self._tallies = COUNTERS.tallies()  # a read on another thread (pyarrow's) counts for the opener's too
 
     def read_range(self, start: int, end: int) -> bytes:
-        return call(display(self._uri), "read", lambda: _read_at(self._handle, start, end, self._size, True),
-                    scheme=self._scheme)
+        with COUNTERS.counting_for(self._tallies):
+            return call(display(self._uri), "read", lambda: _read_at(self._handle, start, end, self._size, True),
+                        scheme=self._scheme)
 
     def close(self) -> None:
         super().close()

@@ -156,6 +156,25 @@ class StorageCounters:
         finally:
             tallies.remove(tally)
 
+    def tallies(self) -> tuple[Tally, ...]:
+        """This thread's open tallies: what a file opened here hands to ``counting_for``."""
+        return tuple(getattr(self._local, "tallies", ()))
+
+    @contextmanager
+    def counting_for(self, tallies: tuple[Tally, ...]) -> Iterator[None]:
+        """Inside, this thread's requests count in ``tallies`` too (those of the thread that
+        opened the file read here): pyarrow reads the column chunks of a Parquet file a window
+        opened on its own I/O threads, whose requests a window's ``tally`` would miss otherwise.
+        A tally already open in this thread is not counted twice."""
+        mine = self._local.__dict__.setdefault("tallies", [])
+        extra = [t for t in tallies if all(t is not m for m in mine)]
+        mine.extend(extra)
+        try:
+            yield
+        finally:
+            for t in extra:
+                mine.remove(t)
+
 
 COUNTERS = StorageCounters()
 
