@@ -26,6 +26,14 @@ start), ``ray_to_first_row_seconds`` (the issue's goal: <= 3 s) and ``startup_se
 start-up by phase from its stats.json (pipeline/startup.py). Last, ``packfeed train --config
 examples/train_demo.toml`` for 10 steps: seconds from the command's start to its first logged
 step, and the data wait of those steps. Ratios are within this run: the machine is shared, compare only rows of one run.
+
+``--corpus multilingual`` (issue 41): instead of the two corpora, bench/multilingual_corpus.py's
+corpus of ``--tokens`` (text, chats with a system turn, prompt/completion; 30% of the samples with
+NFD snippets; many scripts, emoji, special-token lookalikes), Qwen2.5, seq_len 4096: the same rows,
+raw quicktok on all three files (chats rendered, prompt + completion), no per-file runs;
+bench_multilingual.py gives one actor's work on it by stage, in one process.
+
+    .venv/bin/python bench/bench_startup.py --corpus multilingual --tokens 15000000 --backends fast --skip-train
 """
 
 from __future__ import annotations
@@ -151,7 +159,7 @@ CORE_RATES = (("per packing core while packing", "core_tokens_per_second"),
 
 def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: str, seq_len: int,
                work: Path, backends: list[str], window_samples: int | None = None,
-               full_windows: bool = False) -> None:
+               full_windows: bool = False, alone: bool = True) -> None:
     cores = os.cpu_count() or 1
     raw = {k: [raw_rate(k, tokenizer, f) for f in raw_files] for k in ("hf", "fast")}
     rate = {k: sum(r["tokens"] for r in v) / sum(r["seconds"] for r in v) for k, v in raw.items()}
@@ -188,7 +196,7 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
                          f"{whole:,.0f}", "", f"{whole / rate['hf']:.2f}", f"{whole / rate['fast']:.2f}",
                          f"{stats['first_row_seconds']:.2f}", *ray_columns(stats)])  # fmt: skip
             phases[backend + mode] = stats.get("startup_seconds", {})
-    if "fast" in backends and len(raw_files) > 1:  # the goal holds for text and chat alike: each alone
+    if alone and "fast" in backends and len(raw_files) > 1:  # the goal holds for text and chat alike: each alone
         for f, fast_raw in zip(raw_files, raw["fast"]):
             runs = [(ALONE_COPIES, window_samples, "")]
             if full_windows:  # and as a corpus of 64k+ samples is packed: windows of the default 8,192 samples
@@ -224,6 +232,29 @@ def run_corpus(name: str, inputs: list[Path], raw_files: list[Path], tokenizer: 
           [[b, *(f"{p.get(k, 0):.2f}" for k in names), f"{sum(p.values()):.2f}"] for b, p in phases.items()])
 
 
+def pc_as_text(path: Path) -> Path:
+    """A prompt/completion file as text rows of prompt + completion: what raw quicktok encodes
+    of it (bench_tokenize.raw_rate reads text and chat files)."""
+    out = path.with_name(path.stem + "-as-text.jsonl")
+    with open(path, encoding="utf-8") as src, open(out, "w", encoding="utf-8") as dst:
+        for line in src:
+            r = json.loads(line)
+            dst.write(json.dumps({"text": r["prompt"] + r["completion"]}, ensure_ascii=False) + "\n")
+    return out
+
+
+def run_multilingual(work: Path, args, backends: list[str]) -> None:
+    """``--corpus multilingual`` (issue 41): bench/multilingual_corpus.py's text, chats with a
+    system turn and prompt/completion, against raw quicktok on all three (chats rendered)."""
+    from multilingual_corpus import write_multilingual
+
+    files = write_multilingual(work / "multilingual", args.tokens)
+    raw_files = [files["text"], files["chat"], pc_as_text(files["prompt_completion"])]
+    run_corpus(f"multilingual corpus (~{args.tokens / 1e6:.1f}M tokens, bench/multilingual_corpus.py), Qwen2.5, "
+               "seq_len 4096", list(files.values()), raw_files, qwen_tokenizer(REPO / "runs" / "bench-cache"), 4096,
+               work, backends, args.window_samples, alone=False)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1_500_000, help="size of the mixed corpus")
@@ -233,9 +264,24 @@ def main() -> None:
     parser.add_argument("--full-windows", action="store_true",
                         help=f"also pack the mix's text and chat files alone in >= {FULL_WINDOWS} windows of "
                              f"{DEFAULT_WINDOW:,} samples (~85M tokens each, ~2 minutes more)")
+    parser.add_argument("--corpus", choices=("mixed", "multilingual"), default="mixed",
+                        help="mixed: the bundled corpus, then the mix of --tokens; multilingual: "
+                             "bench/multilingual_corpus.py's corpus of --tokens alone")
     args = parser.parse_args()
     backends = args.backends.split(",")
     work = Path(tempfile.mkdtemp(prefix="packfeed-bench-startup-"))
+    if args.corpus == "multilingual":
+        run_multilingual(work, args, backends)
+    else:
+        run_mixed(work, args, backends)
+    if not args.skip_train:
+        t = first_training_step(work)
+        table("## packfeed train, examples/train_demo.toml, 10 steps", ["first step at s", "data wait, steps 1-10",
+              "whole command s"], [[f"{t['first_step_s']:.1f}", f"{t['data_wait']:.0%}", f"{t['wall_s']:.1f}"]])
+
+
+def run_mixed(work: Path, args, backends: list[str]) -> None:
+    """The bundled corpus (bundled tokenizer, seq_len 2048), then the mix of ``--tokens``."""
     from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 
     bundled = [Path(p) for p in demo_corpus_paths()]
@@ -247,10 +293,6 @@ def main() -> None:
     run_corpus(f"mixed corpus (~{args.tokens / 1e6:.1f}M tokens), Qwen2.5, seq_len 4096", mixed,
                [corpora["text"], corpora["chat"]], qwen_tokenizer(REPO / "runs" / "bench-cache"), 4096, work, backends,
                args.window_samples, args.full_windows)
-    if not args.skip_train:
-        t = first_training_step(work)
-        table("## packfeed train, examples/train_demo.toml, 10 steps", ["first step at s", "data wait, steps 1-10",
-              "whole command s"], [[f"{t['first_step_s']:.1f}", f"{t['data_wait']:.0%}", f"{t['wall_s']:.1f}"]])
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ gives the masks built on it):
   starting at or after ``lo`` to the first starting at or after ``hi``.
 
 Where the fast path cannot answer from bytes, it asks HF for that text only: a text that an
-NFC normalizer would change (its offsets then map through the normalizer), and every text
-of a batch that quicktok refuses as a whole (e.g. a lone surrogate), so that such a text is
-skipped with HF's own reason and message.
+NFC normalizer changes where an edge falls on a character NFC composes or reorders (elsewhere
+its edges map through the normalization: fast/nfc_edges.py), and every text of a batch that
+quicktok refuses as a whole (e.g. a lone surrogate), so that such a text is skipped with HF's
+own reason and message.
 """
 
 from __future__ import annotations

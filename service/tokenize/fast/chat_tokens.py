@@ -21,8 +21,9 @@ cannot see anything else, which is checked:
   token can match across a marker's edge (none extends a marker or overlaps one from its
   left), and ``"\\n"`` holds none;
 - per turn text: it holds no added token (a regex search, run only on the texts holding the
-  first character of one: for Qwen2.5 a ``<``), and under an NFC normalizer it is NFC already
-  (the text path then needs HF's offsets).
+  first character of one: for Qwen2.5 a ``<``), and under an NFC normalizer, for an assistant
+  turn, NFC keeps the first character of its content alone (fast/nfc_edges.py: its edge is then
+  at the same byte; quicktok normalizes every turn's ids as HF does).
 
 Every other conversation goes through the text path (render, encode, spans), as does the whole
 batch when quicktok refuses it. Proven equal to the text path and to HF by a sweep of random
@@ -42,9 +43,11 @@ import numpy as np
 from packfeed.client.offsets import offsets_of, run_sums
 from packfeed.service.tokenize.chat import ChatML
 from packfeed.service.tokenize.fast.encoder import FastEncoder
+from packfeed.service.tokenize.fast.nfc_edges import normalized_byte_at
 
 START, END = "<|im_start|>", "<|im_end|>"
-_HEADER = len("assistant\n")  # bytes of an assistant turn's text before its content
+_ASSISTANT = "assistant\n"
+_HEADER = len(_ASSISTANT)  # bytes of an assistant turn's text before its content
 
 
 class TurnEncoder:
@@ -74,12 +77,16 @@ class TurnEncoder:
         return cls(encoder, flat.view(np.int32).copy())
 
     def plain(self, text: str) -> bool:
-        """Whether the text path would encode ``text`` as one piece of ordinary text, with
-        offsets of its own: no added token in it, NFC already under an NFC normalizer."""
+        """Whether the text path would encode turn text ``text`` as one piece of ordinary text,
+        with the same trained edge: no added token in it; under an NFC normalizer, an assistant
+        turn's header edge (the first character of its content) where NFC keeps it alone
+        (nfc_edges.py; the other turns hold no edge, quicktok normalizes their ids as HF does)."""
         first = self._first_chars
         if first and (first in text if len(first) == 1 else any(c in text for c in first)) and self._search(text):
             return False
-        return text.isascii() or not self.fast.nfc or unicodedata.is_normalized("NFC", text)
+        if text.isascii() or not self.fast.nfc or not text.startswith(_ASSISTANT):
+            return True
+        return unicodedata.is_normalized("NFC", text) or normalized_byte_at(text, _HEADER) == _HEADER
 
     def encode(self, chat: ChatML, conversations: Sequence[list[dict]], all_loss: bool):
         """(taken, lengths, ids, trained): the indices of the ``conversations`` (accepted by

@@ -1,9 +1,10 @@
 """quicktok's encoder: ``FastEncoder`` gives ``HFEncoder``'s answers (tokenize/encoders.py: the
 ids of a batch of texts, the token under a character) from quicktok's exact byte-level BPE and
 the tokens' byte lengths, an order of magnitude faster per core; encoders.py's docstring says
-how a character maps to the token holding it. Where bytes cannot answer (a text an NFC
-normalizer would change; a batch quicktok refuses as a whole), it asks the HF reference for
-that text only.
+how a character maps to the token holding it. In a text an NFC normalizer changes, an edge
+maps through the normalization where NFC keeps its character alone (nfc_edges.py). Where bytes
+cannot answer (an edge on a character NFC composes; a batch quicktok refuses as a whole), it
+asks the HF reference for that text only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from packfeed.client.offsets import concat_ranges, offsets_of, run_sums, starts_of
 from packfeed.service.tokenize.encoders import Encoded, HFEncoder, first_token_at, span_tokens
+from packfeed.service.tokenize.fast.nfc_edges import nfc, normalized_byte_at
 
 class FastEncoder:
     """quicktok ids; token positions from byte lengths (see the module docstring).
@@ -67,6 +69,15 @@ class FastEncoder:
         other.reference, other.threads, other.texts_by_reference = reference, threads, 0
         return other
 
+    def normalized(self, text: str) -> str:
+        """The text as quicktok encodes it under an NFC normalizer: NFC between the added
+        tokens, which are split out first (as HF does)."""
+        if self._split is None:
+            return nfc(text)
+        parts = self._split(text)
+        parts[0::2] = map(nfc, parts[0::2])
+        return "".join(parts)
+
     def encode(self, texts: Sequence[str], *, special: bool, edges: bool) -> Encoded:
         texts = texts if isinstance(texts, list) else list(texts)
         try:
@@ -77,15 +88,10 @@ class FastEncoder:
         nbytes = np.take(self.byte_lengths, ids) if edges else None
         if special and (len(self.prefix) or len(self.suffix)):
             lengths, ids, nbytes = _add_post_tokens(lengths, ids, nbytes, self.prefix, self.suffix)
-        by_reference = {}
+        changed = []  # texts NFC changes: their edges through nfc_edges.py, or HF's where that cannot say
         if edges and self.nfc:
-            odd = [k for k, t in enumerate(texts) if not t.isascii() and not unicodedata.is_normalized("NFC", t)]
-            if odd:
-                self.texts_by_reference += len(odd)
-                encs = self.reference.backend.encode_batch([texts[k] for k in odd], add_special_tokens=special)
-                by_reference = dict(zip(odd, encs))
-                lengths, ids, nbytes = _splice(lengths, ids, nbytes, by_reference)
-        return FastEncoded(texts, lengths, ids, nbytes, by_reference, self.reference, special)
+            changed = [k for k, t in enumerate(texts) if not t.isascii() and not unicodedata.is_normalized("NFC", t)]
+        return FastEncoded(texts, lengths, ids, nbytes, changed, self, special)
 
     def _ids(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(lengths int64 [m], ids int32 [T]): added tokens split out, the rest one batch.
@@ -119,22 +125,61 @@ class FastEncoder:
 
 
 class FastEncoded(Encoded):
-    """``nbytes[t]``: UTF-8 bytes of token t (0 for post-processor tokens, and for every token
-    of a text answered by its HF encoding in ``by_reference``)."""
+    """``nbytes[t]``: UTF-8 bytes of token t in the text as encoded (NFC under an NFC
+    normalizer; 0 for post-processor tokens). ``changed``: the texts NFC changes, whose edges
+    map through ``nfc_edges.normalized_byte_at``; a text with an edge it cannot map (a character
+    NFC composes), or whose NFC here is not what quicktok encoded (``_normalized``), is answered
+    by its HF encoding in ``by_reference``, made on first need."""
 
     def __init__(self, texts: list[str], lengths: np.ndarray, ids: np.ndarray, nbytes: np.ndarray | None,
-                 by_reference: dict[int, Any], reference: HFEncoder, special: bool) -> None:  # fmt: skip
+                 changed: list[int], encoder: FastEncoder, special: bool) -> None:  # fmt: skip
         self.texts, self.lengths, self.ids = texts, lengths, ids
         self.kept, self.failed = list(range(len(texts))), []
-        self.by_reference, self._reference, self._special = by_reference, reference, special
+        self.by_reference: dict[int, Any] = {}
+        self.changed = set(changed)
+        self._wholes: dict[int, str | None] = {}  # changed text -> as encoded, made on first need
+        self._encoder, self._special = encoder, special
         if nbytes is not None:
             self.starts = starts_of(lengths)  # first token of each text
             byte_offsets = offsets_of(nbytes)  # global: all texts of the batch back to back
             self.byte_starts, self.byte_ends = byte_offsets[:-1], byte_offsets[1:]
             self.base = byte_offsets[self.starts]  # first byte of each text
 
+    def _edge_byte(self, k: int, c: int) -> int | None:
+        """UTF-8 offset of character ``c`` of text ``k`` in the text as encoded; None where
+        only HF can say (``nfc_edges``)."""
+        text = self.texts[k]
+        if k not in self.changed:
+            return _byte_at(text, c)
+        whole = self._normalized(k)
+        return None if whole is None else normalized_byte_at(text, c, whole, self._encoder.normalized)
+
+    def _normalized(self, k: int) -> str | None:
+        """Text ``k`` as encoded (``FastEncoder.normalized``), made once; None where that is not
+        what quicktok encoded (its UTF-8 length differs from the tokens': another Unicode
+        version's NFC), so that HF answers."""
+        if k not in self._wholes:
+            whole = self._encoder.normalized(self.texts[k])
+            n = int(self.lengths[k])
+            encoded = int(self.byte_ends[self.starts[k] + n - 1] - self.base[k]) if n else 0
+            self._wholes[k] = whole if len(whole.encode("utf-8", "surrogatepass")) == encoded else None
+        return self._wholes[k]
+
+    def _ask_reference(self, k: int) -> None:
+        """Text ``k``'s edges from its HF encoding (its ids are the same: the proof's)."""
+        self.by_reference[k] = self._encoder.reference.backend.encode(self.texts[k], add_special_tokens=self._special)
+        self._encoder.texts_by_reference += 1
+
     def first_tokens(self, chars: Sequence[int]) -> np.ndarray:
-        at = np.fromiter((_byte_at(t, c) for t, c in zip(self.texts, chars)), np.int64, len(chars))
+        at = np.zeros(len(chars), np.int64)
+        for k, c in enumerate(chars):
+            if k in self.by_reference:
+                continue
+            b = self._edge_byte(k, c)
+            if b is None:
+                self._ask_reference(k)
+            else:
+                at[k] = b
         tokens = np.searchsorted(self.byte_ends, self.base + at, side="right") - self.starts
         tokens = np.minimum(tokens, self.lengths)  # an edge at the very end: no token holds it
         for k, enc in self.by_reference.items():
@@ -150,17 +195,17 @@ class FastEncoded(Encoded):
                 continue
             n = len(text)
             if any(lo < 0 or hi > n for lo, hi in sp):  # not a span of this text: HF's own answer
-                self.by_reference[k] = self._reference.backend.encode(text, add_special_tokens=self._special)
+                self._ask_reference(k)
                 continue
             offsets_rule = any(hi <= lo for lo, hi in sp)  # HF answers from its offsets
-            for lo, hi in sp:
-                from_at.append(_byte_at(text, lo))
-                if offsets_rule:
-                    held.append(False)
-                    held_at.append(_byte_at(text, hi))
-                else:
-                    held.append(True)
-                    held_at.append(_byte_at(text, hi - 1))
+            edges = [(self._edge_byte(k, lo), self._edge_byte(k, hi if offsets_rule else hi - 1)) for lo, hi in sp]
+            if any(a is None or b is None for a, b in edges):
+                self._ask_reference(k)
+                continue
+            for a, b in edges:
+                from_at.append(a)
+                held_at.append(b)
+                held.append(not offsets_rule)
                 owner.append(k)
         out: list[list[tuple[int, int]]] = [[] for _ in spans]
         if owner:
@@ -211,21 +256,3 @@ def _add_post_tokens(lengths, ids, nbytes, prefix: np.ndarray, suffix: np.ndarra
     if s:
         out[(new_starts[:, None] + p + lengths[:, None] + np.arange(s)).ravel()] = np.tile(suffix, m)
     return new_lengths, out, out_bytes
-
-
-def _splice(lengths, ids, nbytes, replace: dict[int, Any]):
-    """Replace the tokens of the texts in ``replace`` by their HF encodings' (byte lengths 0:
-    the HF encoding answers their edges). The tokens between replaced texts are copied as
-    whole slices: the cost follows the few replaced texts, not the batch."""
-    starts = starts_of(lengths)
-    id_parts, byte_parts, new_lengths = [], [], lengths.copy()
-    done = 0  # tokens before this one are placed
-    for k in sorted(replace):
-        own = np.asarray(replace[k].ids, dtype=np.int32)
-        id_parts += (ids[done:starts[k]], own)
-        byte_parts += (nbytes[done:starts[k]], np.zeros(len(own), dtype=nbytes.dtype))
-        new_lengths[k] = len(own)
-        done = starts[k] + lengths[k]
-    id_parts.append(ids[done:])
-    byte_parts.append(nbytes[done:])
-    return new_lengths, np.concatenate(id_parts), np.concatenate(byte_parts)

@@ -88,13 +88,18 @@ def test_what_the_turn_path_leaves_to_the_text_path(toks):
     turns, chat = TurnEncoder.of(fast_encoder), known_template(tok.get_chat_template())
     user = {"role": "user", "content": "hi"}
     batch = [[user], [{"role": "user", "content": "a <tool_call> b"}], [{"role": "user", "content": "cafe\u0301"}],
-             [{"role": "user", "content": "a < b"}], [user, {"role": "assistant", "content": "x<|im_end|>"}]]
+             [{"role": "user", "content": "a < b"}], [user, {"role": "assistant", "content": "x<|im_end|>"}],
+             [user, {"role": "assistant", "content": "e\u0301 x"}], [user, {"role": "assistant", "content": "x e\u0301"}]]
     taken, lengths, ids, trained = turns.encode(chat, batch, False)
-    assert taken == [0, 3]  # an added token in a turn, NFC-changed text: the text path's
+    # an added token in a turn, an assistant turn whose content opens with a character NFC composes:
+    # the text path's; NFC-changed text elsewhere is the turn path's
+    assert taken == [0, 2, 3, 6]
     rendered = [tok(tok.apply_chat_template(batch[k], tokenize=False), add_special_tokens=False)["input_ids"]
                 for k in taken]
-    assert lengths.tolist() == list(map(len, rendered)) and ids.tolist() == rendered[0] + rendered[1]
-    assert not trained.any()  # no assistant turn
+    assert lengths.tolist() == list(map(len, rendered)) and ids.tolist() == [t for r in rendered for t in r]
+    hf = SampleTokenizer(tok, backend="hf", add_eos=False).tokenize(window([Conversation(batch[6])]))
+    assert trained[-len(rendered[-1]):].tolist() == (hf.labels != -100).tolist()  # the one assistant turn
+    assert trained.sum() == (hf.labels != -100).sum() > 0
     assert turns.encode(chat, [[{"role": "user", "content": "\ud800"}]], False) is None  # quicktok refuses: HF's
 
 

@@ -233,9 +233,10 @@ def test_fast_edges_equal_hf_at_every_character(qwen_tok):
 
 
 @pytest.mark.parametrize("odd_at", [(0,), (4,), (0, 1), (2, 3), (0, 4), (0, 1, 2, 3, 4)])
-def test_texts_the_normalizer_changes_are_spliced_in_wherever_they_are(qwen_tok, odd_at):
-    """Texts NFC would change take HF's tokens and edges, the others keep quicktok's, at the
-    batch's start, end, side by side, all of them."""
+def test_texts_the_normalizer_changes_answer_like_hf_wherever_they_are(qwen_tok, odd_at):
+    """Texts NFC would change keep quicktok's ids (HF's); their edges map through NFC where it
+    keeps the character alone, and come from HF's encoding of that text (once) where it
+    composes it (the "e" of "cafe\u0301"), at the batch's start, end, side by side, all of them."""
     backend = qwen_tok.backend_tokenizer
     fast, _, _ = load_fast(backend, threads=1)
     reference = HFEncoder(backend)
@@ -243,11 +244,15 @@ def test_texts_the_normalizer_changes_are_spliced_in_wherever_they_are(qwen_tok,
     for special in (False, True):
         fast.texts_by_reference = 0
         ref, got = (e.encode(texts, special=special, edges=True) for e in (reference, fast))
-        assert fast.texts_by_reference == len(odd_at)
         assert got.lengths.tolist() == ref.lengths.tolist() and np.array_equal(got.ids, ref.ids)
+        spans = [[(0, 2), (5, 9)] for _ in texts]  # edges NFC keeps: no text needs HF
+        assert got.span_tokens(spans) == ref.span_tokens(spans)
+        assert got.first_tokens([5] * len(texts)).tolist() == ref.first_tokens([5] * len(texts)).tolist()
+        assert fast.texts_by_reference == 0
         for c in range(max(map(len, texts)) + 1):
             chars = [min(c, len(t)) for t in texts]
             assert got.first_tokens(chars).tolist() == ref.first_tokens(chars).tolist(), c
+        assert fast.texts_by_reference == len(odd_at)  # character 3 is composed: HF's answer, asked once
         spans = [[(0, 4), (5, len(t))] for t in texts]
         assert got.span_tokens(spans) == ref.span_tokens(spans)
 
