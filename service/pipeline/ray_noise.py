@@ -65,18 +65,20 @@ class Transient:
 
     def __init__(self) -> None:
         self.seen: set = set()  # processes whose first warning went
-        self.in_traceback: set = set()  # processes whose traceback is still arriving
+        self.after: dict = {}  # process -> "warned" (its traceback may follow) or "traceback" (arriving)
 
     def kept(self, pid, lines: list[str]) -> list[str]:
         out = []
         for line in lines:
-            if pid in self.in_traceback:
-                if line.startswith("Traceback (most recent call last)") or line[:1].isspace():
-                    continue
-                self.in_traceback.discard(pid)  # the exception's own line ends it
+            state = self.after.pop(pid, None)
+            header = state == "warned" and line.startswith("Traceback (most recent call last)")
+            if header or (state == "traceback" and line[:1].isspace()):  # its header, a frame
+                self.after[pid] = "traceback"
+                continue
+            if state == "traceback":  # the exception's own line ends it
                 continue
             if TRANSIENT.search(line):
-                self.in_traceback.add(pid)
+                self.after[pid] = "warned"
                 if pid in self.seen:
                     out.append(line)
                 self.seen.add(pid)

@@ -120,3 +120,5 @@ def test_the_transient_resource_request_warning_goes_once_per_process_with_its_w
     assert transient.kept(8, [RESOURCE_REQUEST, *TIMEOUT_TRACEBACK]) == []
     assert transient.kept(8, ["Traceback (most recent call last):", "  File x", "ValueError: a real one"]) == \
         ["Traceback (most recent call last):", "  File x", "ValueError: a real one"], "other tracebacks stay"
+    assert transient.kept(9, [RESOURCE_REQUEST, "step 3/8", "  indented"]) == ["step 3/8", "  indented"], \
+        "without a traceback after it, the next lines stay"
