@@ -22,19 +22,21 @@
   stop once the GCS is gone, is killed first (``_kill_autoscaler_monitor``), and what Ray leaves
   running below its processes (workers, dashboard modules) is stopped after (``_stop_and_wait``).
 
-An embedded Ray listens on loopback only. Ray takes the machine's address as the node's
+An embedded Ray (embedded_ray.py) listens on loopback only. Ray takes the machine's address as the node's
 (``ray.init`` maps 127.0.0.1 to it), and its servers (gcs_server, raylet, workers, agents) then
 listen on every interface. In Ray's single-node mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
 the default on macOS and Windows) the node's address is 127.0.0.1 and every one of them binds
 127.0.0.1 (measured with Ray 2.60: ``ss -ltnp`` lists no Ray socket elsewhere). ``init_ray``
 turns that mode on while the Ray it starts comes up, never for one it joins (a cluster's nodes
 must reach each other), and leaves the process's environment as it was. Token
-authentication, kept on above, still guards a cluster's ports.
+authentication, kept on above, still guards a cluster's ports. A start whose node misses
+Ray's fixed start-up limits on a busy machine is made again (``embedded_ray.start_embedded``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -46,6 +48,7 @@ import time
 from typing import Iterator
 
 from packfeed.client.transport import TOKEN_ENV
+from packfeed.service.pipeline.embedded_ray import free_port, start_embedded
 from packfeed.service.pipeline.ray_noise import quiet_ray, stop_filtering
 
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
@@ -285,114 +288,21 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, dashboa
         # Ray Train's placement-group cleaner finds "the" cluster through the State API; with a
         # second Ray on this machine it cannot tell which and logs a ConnectionError. Give the
         # dashboard a port of our own and tell every process of this Ray where it is.
-        port = _free_port()
+        port = free_port()
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         extra["dashboard_port"] = port
-    with _single_node_on_loopback(), _own_process_group(), agent_on_a_free_port():
-        _ray_init(
-            previous,
-            address="local",
-            num_cpus=num_cpus,  # None: Ray counts the CPUs this process may use (container limits too)
-            object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
-            include_dashboard=dashboard,
-            dashboard_host="127.0.0.1",
-            logging_level=logging.WARNING,
-            _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)},
-            **extra,
-        )
+    start_embedded(
+        functools.partial(_ray_init, previous),
+        num_cpus=num_cpus,  # None: Ray counts the CPUs this process may use (container limits too)
+        object_store_memory=DEFAULT_OBJECT_STORE_BYTES,
+        include_dashboard=dashboard,
+        dashboard_host="127.0.0.1",
+        logging_level=logging.WARNING,
+        _system_config={"preload_python_modules": list(WORKER_PRELOAD_MODULES)},
+        **extra,
+    )
     quiet_ray(after_init=True, driver_stderr=quiet_driver_stderr)
     return f"Ray: started an embedded local Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)"
-
-
-@contextlib.contextmanager
-def _single_node_on_loopback() -> Iterator[None]:
-    """Ray's single-node mode while an embedded Ray starts: the node's address is 127.0.0.1, so
-    gcs_server, raylet, workers and agents listen on loopback only. Ray reads the mode from its
-    module constant (this process) and from the environment (the processes it starts, which
-    copy it at their start). Both are restored after: a ``ray start`` this process runs later
-    (a worker node joining a cluster) must not inherit a mode that refuses to join."""
-    import ray._private.ray_constants as ray_constants
-
-    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    saved_env, saved_constant = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[name] = "0"
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_constant
-        if saved_env is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved_env
-
-
-@contextlib.contextmanager
-def _own_process_group() -> Iterator[None]:
-    """Every process an embedded Ray starts joins one process group of its own (the first one,
-    gcs_server, leads it; raylet's agents inherit it; raylet gives each worker a group of its own).
-
-    In the caller's group (Ray's default on Linux) a signal to that group, Ctrl-C's SIGINT or
-    ``kill -TERM -PGID`` as a container runtime or a user sends it, also reached gcs_server,
-    raylet and the agents, killing Ray under the draining command: the driver then waited on
-    a dead GCS until Ray's 60 s reconnect limit ended it with exit 1 ("Failed to connect to GCS
-    ... The program will terminate"), 2 of 8 SIGTERMs mid-stream. Apart, the signal reaches the
-    command alone, and it shuts Ray down in order. A driver that dies still takes its Ray with it:
-    Ray's own fate-sharing (the kernel's parent-death signal) does not depend on the group."""
-    import ray._private.services as services
-
-    if os.name != "posix":  # Ray gives each of its processes a group of its own on Windows already
-        yield
-        return
-    base = services.ConsolePopen
-    group: list[int] = []
-
-    class GroupedPopen(base):
-        def __init__(self, *args, **kwargs):
-            inner, target = kwargs.get("preexec_fn"), group[0] if group else 0
-
-            def preexec() -> None:
-                try:
-                    os.setpgid(0, target)
-                except OSError:  # the group is gone: stay in the caller's, as Ray would
-                    pass
-                if inner is not None:
-                    inner()
-
-            kwargs["preexec_fn"] = preexec
-            super().__init__(*args, **kwargs)
-            if not group:
-                group.append(self.pid)
-
-    services.ConsolePopen = GroupedPopen
-    try:
-        yield
-    finally:
-        services.ConsolePopen = base
-
-
-@contextlib.contextmanager
-def agent_on_a_free_port() -> Iterator[None]:
-    """An embedded Ray's dashboard agent listens on a free port, not Ray's fixed 52365.
-
-    ``ray.init`` has no argument for it. With another Ray on the machine (a second packfeed
-    command, a notebook's Ray) the port is taken: the agent retried it for 3.5 s, then raylet
-    went on without its HTTP server, every start 4 s slower (2.3 s -> 6.3 s measured). The
-    port is recorded with the node, so Ray's own processes find it."""
-    import ray._private.parameter as parameter
-
-    base = parameter.RayParams
-
-    class Params(base):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("dashboard_agent_listen_port", _free_port())
-            super().__init__(*args, **kwargs)
-
-    parameter.RayParams = Params
-    try:
-        yield
-    finally:
-        parameter.RayParams = base
 
 
 def _ray_init(previous, **kwargs) -> None:
@@ -419,12 +329,6 @@ def _own_sigterm(previous) -> None:
     process had installed before (``serve`` drains on it), else with ours (``Terminated``)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous if callable(previous) else _raise_terminated)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

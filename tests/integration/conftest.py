@@ -28,18 +28,13 @@ HERE = Path(__file__).parent
 def ray_cluster():
     import ray
 
-    from packfeed.service.pipeline.raycluster import agent_on_a_free_port
+    from packfeed.service.pipeline.embedded_ray import start_embedded
 
     if not ray.is_initialized():
-        with agent_on_a_free_port():  # Ray's fixed port would slow every other Ray's start by 4 s
-            ray.init(
-                address="local",
-                num_cpus=2,
-                object_store_memory=512 << 20,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-            )
+        # As a command's embedded Ray: its agent on a free port (Ray's fixed one would slow every
+        # other Ray's start by 4 s), started again if a busy machine makes it miss Ray's limits.
+        start_embedded(ray.init, num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
+                       logging_level=logging.WARNING, log_to_driver=False)
     return ray
 
 

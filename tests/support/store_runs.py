@@ -27,15 +27,15 @@ def ray_reaching(env: dict[str, str]) -> Iterator[None]:
     restored afterwards."""
     import ray
 
-    from packfeed.service.pipeline.raycluster import agent_on_a_free_port, shutdown_ray
+    from packfeed.service.pipeline.embedded_ray import start_embedded
+    from packfeed.service.pipeline.raycluster import shutdown_ray
 
     shutdown_ray()
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        with agent_on_a_free_port():
-            ray.init(address="local", num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False)
+        start_embedded(ray.init, num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
+                       logging_level=logging.WARNING, log_to_driver=False)
         yield
     finally:
         shutdown_ray()
