@@ -23,18 +23,23 @@ import socket
 import time
 from typing import Callable, Iterator
 
+import psutil
+
 logger = logging.getLogger("packfeed")
 
 START_ATTEMPTS = 3
 NODE_TIMED_OUT = "The current node timed out during startup"  # ray._private.node.Node's message
 
 
-def start_embedded(init: Callable[..., object], **kwargs) -> None:
+def start_embedded(init: Callable[..., object], *, loopback: bool = True, **kwargs) -> None:
     """``init(address="local", **kwargs)`` (``ray.init`` or a wrapper of it) on loopback, in a
     process group of its own, with the agent on a free port; again while the node misses Ray's
-    start-up limits (module docstring)."""
+    start-up limits (module docstring). ``loopback=False`` keeps Ray's own choice of the node's
+    address: for a Ray that drivers in other processes join by its GCS address (a driver that
+    joins takes the machine's address for its own, and a node on 127.0.0.1 is not its node)."""
     for attempt in range(1, START_ATTEMPTS + 1):
-        with _single_node_on_loopback(), _own_process_group() as group, agent_on_a_free_port():
+        on_loopback = _single_node_on_loopback() if loopback else contextlib.nullcontext()
+        with on_loopback, _own_process_group() as group, agent_on_a_free_port():
             try:
                 init(address="local", **copy.deepcopy(kwargs))  # ray.init fills in its _system_config
                 return
@@ -52,8 +57,6 @@ def _kill_group(group: list[int], timeout: float = 10.0) -> None:
     process reaps those it started: gcs_server, raylet, the monitors)."""
     if not group:
         return
-    import psutil
-
     pgid = group[0]
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)

@@ -33,8 +33,8 @@ def ray_cluster():
     if not ray.is_initialized():
         # As a command's embedded Ray: its agent on a free port (Ray's fixed one would slow every
         # other Ray's start by 4 s), started again if a busy machine makes it miss Ray's limits.
-        start_embedded(ray.init, num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
-                       logging_level=logging.WARNING, log_to_driver=False)
+        start_embedded(ray.init, loopback=False, num_cpus=2, object_store_memory=512 << 20,
+                       include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     return ray
 
 

@@ -63,7 +63,10 @@ def test_metrics_move_with_the_stream_and_match_what_the_consumer_got(tmp_path):
     assert after["packfeed_batches_sent_total"] == batches and after["packfeed_bytes_sent_total"] > 0
     assert after["packfeed_stream_rows"] == rows
     assert total(after, "packfeed_packed_samples_total") == DEMO_SAMPLES
-    assert total(after, "packfeed_packed_tokens_total") > total(middle, "packfeed_packed_tokens_total") > 0
+    # Packing runs ahead of the consumer (a 256-row buffer plus what gRPC's flow-control window
+    # holds, which grows with the link): by the middle scrape it may have packed the whole stream
+    # (it had on a loaded CI run: 720 rows sent of 873), so the counter is non-decreasing there.
+    assert total(after, "packfeed_packed_tokens_total") >= total(middle, "packfeed_packed_tokens_total") > 0
     assert 0.9 < after["packfeed_packing_efficiency"] <= 1.0
     assert 0 <= middle["packfeed_buffer_rows"] <= middle["packfeed_buffer_capacity_rows"] == 256
     assert after["packfeed_reader_restarts_total"] == 0, "one consumer from row 0: the first reader, never restarted"

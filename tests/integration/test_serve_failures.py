@@ -236,16 +236,21 @@ def test_server_killed_mid_stream_then_restarted_delivers_every_sample_once(serv
                for r in range(world)]
     ranks = [Rank(streams[r]) for r in range(world)]
     try:
-        # both cores kept busy throughout: the kill point is a row, so the outcome cannot depend on timing
-        with caplog.at_level(logging.WARNING, logger="packfeed.client"), busy_cpus(2):
-            run_ranks(ranks)
-            assert server.proc.wait(JOIN_S) == -signal.SIGKILL, server.tail()
-            assert f"fault injected at serve-row:{crash_row}: kill" in server.tail()
-            received = [len(rank.rows) + len(rank.padding) for rank in ranks]
-            server.kill()  # what is left of its process groups, as a crashed container's
+        # Both cores kept busy while the ranks read, the server dies and the ranks read again: the
+        # kill point is a row, so the outcome cannot depend on timing. Not while the server starts
+        # again: Ray's start-up has fixed limits (embedded_ray.py) that two spinning cores beside a
+        # busy CI neighbour exceeded three starts in a row; the ranks retry meanwhile all the same.
+        with caplog.at_level(logging.WARNING, logger="packfeed.client"):
+            with busy_cpus(2):
+                run_ranks(ranks)
+                assert server.proc.wait(JOIN_S) == -signal.SIGKILL, server.tail()
+                assert f"fault injected at serve-row:{crash_row}: kill" in server.tail()
+                received = [len(rank.rows) + len(rank.padding) for rank in ranks]
+                server.kill()  # what is left of its process groups, as a crashed container's
             before = server.log.stat().st_size
             server.start()
-            finish(ranks)
+            with busy_cpus(2):
+                finish(ranks)
     finally:
         close_all(streams)
 

@@ -34,8 +34,8 @@ def ray_reaching(env: dict[str, str]) -> Iterator[None]:
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     try:
-        start_embedded(ray.init, num_cpus=2, object_store_memory=512 << 20, include_dashboard=False,
-                       logging_level=logging.WARNING, log_to_driver=False)
+        start_embedded(ray.init, loopback=False, num_cpus=2, object_store_memory=512 << 20,
+                       include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         yield
     finally:
         shutdown_ray()
