@@ -118,7 +118,7 @@ def test_giving_up_when_the_retry_budget_is_spent(obj, s3_proxy):
                               "the retry budget is 0.4 s (PACKFEED_STORAGE_RETRY_S) ("), message
     assert re.search(r"SLOW_DOWN|SERVICE_UNAVAILABLE", message) and "\n" not in message and SECRET not in message
     delta = COUNTERS.snapshot() - before
-    assert gets > 6 and 0.4 <= elapsed < 1.5  # far past the old 6 attempts: time, not a count, ends it
+    assert gets > 6 and 0.4 <= elapsed < 3.0  # far past the old 6 attempts: time, not a count, ends it
     assert (delta.retries, delta.throttled, delta.failures) == (gets - 1, gets, 1)
     assert 0 < delta.backoff_ms <= 400
 

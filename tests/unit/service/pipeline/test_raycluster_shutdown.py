@@ -101,7 +101,7 @@ def test_what_is_left_below_is_told_to_stop_and_waited_for_to_its_last_exit(proc
     raycluster._stop_and_wait([psutil.Process(p.pid) for p in processes], timeout=10)
     took = time.monotonic() - start
     assert [p.wait(5) for p in processes] == [0] * len(delays), "each exited on its own, none killed"
-    assert max(delays) <= took < max(delays) + 0.4, took
+    assert max(delays) <= took < max(delays) + 2.0, took  # not the 10 s timeout (2 s: a loaded CI machine)
 
 
 def test_a_process_still_alive_at_the_timeout_is_killed(processes):
@@ -109,7 +109,7 @@ def test_a_process_still_alive_at_the_timeout_is_killed(processes):
     processes.append(process)
     start = time.monotonic()
     raycluster._stop_and_wait([psutil.Process(process.pid)], timeout=0.3)
-    assert 0.3 <= time.monotonic() - start < 1.0
+    assert 0.3 <= time.monotonic() - start < 5.0  # killed at the timeout, not after its 60 s
     assert process.wait(5) == -signal.SIGKILL
 
 
