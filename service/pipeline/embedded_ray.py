@@ -9,7 +9,8 @@ startup". Neither can be set (``RAY_agent_register_timeout_ms`` does not reach t
 busy (a second training run, a test suite: load 15) the agent's imports took longer than 15 s
 and the command ended there with Ray's traceback. ``start_embedded`` kills what that attempt
 left (every process of its group) and starts Ray again, up to ``START_ATTEMPTS`` times, saying
-so. A start that fails for any other reason is not retried.
+so; the last failure is one line (``RayStartTimedOut``, a command's exit 2). A start that fails
+for any other reason is not retried.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ START_ATTEMPTS = 3
 NODE_TIMED_OUT = "The current node timed out during startup"  # ray._private.node.Node's message
 
 
+class RayStartTimedOut(OSError):
+    """Ray's node missed its start-up limits on every attempt: the machine is too busy."""
+
+
 def start_embedded(init: Callable[..., object], *, loopback: bool = True, **kwargs) -> None:
     """``init(address="local", **kwargs)`` (``ray.init`` or a wrapper of it) on loopback, in a
     process group of its own, with the agent on a free port; again while the node misses Ray's
@@ -44,9 +49,15 @@ def start_embedded(init: Callable[..., object], *, loopback: bool = True, **kwar
                 init(address="local", **copy.deepcopy(kwargs))  # ray.init fills in its _system_config
                 return
             except Exception as error:
-                if NODE_TIMED_OUT not in str(error) or attempt == START_ATTEMPTS:
+                if NODE_TIMED_OUT not in str(error):
                     raise
                 _kill_group(group)
+                if attempt == START_ATTEMPTS:
+                    raise RayStartTimedOut(
+                        f"Ray's node did not come up within Ray's start-up limits in {START_ATTEMPTS} "
+                        "attempts (its dashboard agent gets 15 s to start, the node 30 s to register): "
+                        "this machine is too busy for an embedded Ray; run the command again when it is "
+                        "less loaded, or join a running cluster with --address") from None  # the line says it
         logger.warning("Ray's node did not come up within Ray's start-up limits (a busy machine: its "
                        "agent started too slowly); starting it again (attempt %d of %d)",
                        attempt + 1, START_ATTEMPTS)

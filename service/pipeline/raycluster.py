@@ -22,9 +22,9 @@
   stop once the GCS is gone, is killed first (``_kill_autoscaler_monitor``), and what Ray leaves
   running below its processes (workers, dashboard modules) is stopped after (``_stop_and_wait``).
 
-An embedded Ray (embedded_ray.py) listens on loopback only. Ray takes the machine's address as the node's
-(``ray.init`` maps 127.0.0.1 to it), and its servers (gcs_server, raylet, workers, agents) then
-listen on every interface. In Ray's single-node mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+An embedded Ray (embedded_ray.py) listens on loopback only. Ray takes the machine's address as
+the node's (``ray.init`` maps 127.0.0.1 to it), and its servers (gcs_server, raylet, workers,
+agents) then listen on every interface. In Ray's single-node mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
 the default on macOS and Windows) the node's address is 127.0.0.1 and every one of them binds
 127.0.0.1 (measured with Ray 2.60: ``ss -ltnp`` lists no Ray socket elsewhere). ``init_ray``
 turns that mode on while the Ray it starts comes up, never for one it joins (a cluster's nodes
