@@ -101,7 +101,7 @@ def packed_batch(pairs, seq_len: int, device) -> dict:
     from packfeed.client.offsets import offsets_of
     from packfeed.client.rows import IGNORE_INDEX
     from packfeed.service.packing import assemble_rows, pack
-    from packfeed.trainer.dpo import dpo_micro_batch
+    from packfeed.trainer.objective.dpo import dpo_micro_batch
 
     tokens, labels, chosen_lens = [], [], []
     for prompt, chosen, rejected in pairs:
@@ -146,8 +146,8 @@ def step(method: str, policy, reference, optimizer, batch: dict, args: argparse.
     import torch
     import torch.nn.functional as F
 
-    from packfeed.trainer.dpo import accumulate_dpo_gradients
-    from packfeed.trainer.dpo_loss import DpoLoss
+    from packfeed.trainer.objective.dpo import accumulate_dpo_gradients
+    from packfeed.trainer.objective.dpo_loss import DpoLoss
 
     autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     loss = DpoLoss(beta=0.1)
@@ -172,8 +172,8 @@ def build_models(args: argparse.Namespace, method: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from packfeed.trainer.attention import select_attention
-    from packfeed.trainer.tiny_models import tiny_config
+    from packfeed.trainer.model.attention import select_attention
+    from packfeed.trainer.model.tiny import tiny_config
 
     s = args.sizes
     fields = {"hidden_size": s.hidden, "num_hidden_layers": s.layers, "num_attention_heads": s.heads,

@@ -55,9 +55,9 @@ def run_chunk(args: argparse.Namespace) -> dict:
 
     from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
     from packfeed.client.rows import IGNORE_INDEX
-    from packfeed.trainer.train_config import ModelConfig
-    from packfeed.trainer.model import build_model
-    from packfeed.trainer.step import token_loss_sum
+    from packfeed.trainer.run_config import ModelConfig
+    from packfeed.trainer.model.builder import build_model
+    from packfeed.trainer.objective.step import token_loss_sum
 
     torch.set_num_threads(args.threads)
     overrides = {"max_position_embeddings": max(args.seq_len, 1024)}

@@ -104,12 +104,12 @@ def run_layout(rank: int, args: argparse.Namespace, out: str) -> None:
     import torch.distributed as dist
 
     from packfeed.client.model_inputs import to_model_inputs
-    from packfeed.trainer.train_config import ModelConfig, TrainConfig
-    from packfeed.trainer.train_metrics import peak_flops
-    from packfeed.trainer.model import build_model, flops_per_token
-    from packfeed.trainer.optim import build_optimizer
-    from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures
-    from packfeed.trainer.step import accumulate_gradients, train_step
+    from packfeed.trainer.run_config import ModelConfig, TrainConfig
+    from packfeed.trainer.loop.interval import peak_flops
+    from packfeed.trainer.model.builder import build_model, flops_per_token
+    from packfeed.trainer.loop.optim import build_optimizer
+    from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures
+    from packfeed.trainer.objective.step import accumulate_gradients, train_step
 
     sharding, checkpointing, chunk = LAYOUTS[args.layout]
     cuda = args.device == "cuda"

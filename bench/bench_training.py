@@ -148,8 +148,8 @@ def build_inputs(method: str, samples: list[np.ndarray], args: argparse.Namespac
 def build_models(args: argparse.Namespace, methods: tuple[str, ...] = METHODS) -> dict:
     """One model per method, same weights; padded runs SDPA, the others the chosen back-end."""
     import torch
-    from packfeed.trainer.attention import select_attention
-    from packfeed.trainer.tiny_models import tiny_config
+    from packfeed.trainer.model.attention import select_attention
+    from packfeed.trainer.model.tiny import tiny_config
     from transformers import AutoModelForCausalLM
 
     s = args.sizes

@@ -9,12 +9,12 @@ from these sums, one forward of the packed batch, no unpacking.
   entropy on them, then ``segment_sums``; no Python loop over segments.
 * ``segment_sums(token_logps, slots, cu_seq_lens)``: the same sums from per-token log-probs
   computed elsewhere (a chunked loss head that never holds the full logits, e.g.
-  ``packfeed.trainer.loss_head``), one ``index_add`` into the segments.
+  ``packfeed.trainer.objective.loss_head``), one ``index_add`` into the segments.
 * ``pair_segments(pair_roles, sample_ids)``: the segment index of each pair's chosen and
   rejected sides, checked against the row convention (client/rows.py).
 * ``pair_logps(sums, counts, chosen, rejected)``: those sums gathered per pair.
 
-The shift is Hugging Face's (and ``trainer/step.py``'s): the logits at token t predict
+The shift is Hugging Face's (and ``trainer/objective/step.py``'s): the logits at token t predict
 ``labels[t + 1]`` inside each row. The first label of every segment is IGNORE_INDEX, so no
 segment's sum takes a term from the segment before it. Worked example, one row, L=6, segments
 [3, 3] (a pair: prompt [5], chosen [7, 8] then prompt [5], rejected [9, 4])::

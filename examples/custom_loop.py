@@ -61,7 +61,7 @@ def token_mean_loss(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor,
     """(mean loss over the trained tokens of the batch, number of those tokens).
 
     Token t predicts ``labels[t + 1]`` within its row (Hugging Face's shift, written out as
-    packfeed.trainer.step does). Sample starts, prompts and padding are labelled -100 and count
+    packfeed.trainer.objective.step does). Sample starts, prompts and padding are labelled -100 and count
     for nothing, so the mean does not depend on how the samples were packed into rows.
     """
     labels = inputs["labels"]

@@ -8,25 +8,25 @@ preference pairs, ``dpo``); the memory plan (``plan_memory``); the Ray Train dri
 (``train``) and the torchrun one (``train_torchrun``).
 """
 
-from packfeed.trainer.attention import (
+from packfeed.trainer.model.attention import (
     ATTENTION_CHOICES,
     VARLEN,
     register_varlen_attention,
     select_attention,
     varlen_attention_forward,
 )
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch
-from packfeed.trainer.dpo_loss import DpoLoss
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch
+from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
-from packfeed.trainer.loss_head import trained_token_logps
-from packfeed.trainer.memory_plan import plan_memory
-from packfeed.trainer.model import build_model
-from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_fsdp, apply_sharding
-from packfeed.trainer.run import train
-from packfeed.trainer.step import accumulate_gradients, train_step
-from packfeed.trainer.torchrun import train_torchrun
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
+from packfeed.trainer.objective.loss_head import trained_token_logps
+from packfeed.trainer.model.memory_plan import plan_memory
+from packfeed.trainer.model.builder import build_model
+from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_fsdp, apply_sharding
+from packfeed.trainer.launch.ray_driver import train
+from packfeed.trainer.objective.step import accumulate_gradients, train_step
+from packfeed.trainer.launch.torchrun import train_torchrun
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config
 
 __all__ = [
     "ATTENTION_CHOICES",

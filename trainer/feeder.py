@@ -16,7 +16,7 @@ The resume record is the client's ``StreamState`` (client/state.py: ``{"version"
 the manifest of window first rows (service/delivery/manifest.py), so a resumed run packs from
 the window holding the cursor, not from the start, also with another world size or batch size.
 
-Mixture changes: ``set_mixture(step, weights)`` (the training loop's hook, worker.py) changes
+Mixture changes: ``set_mixture(step, weights)`` (the training loop's hook, trainer/loop/mixture_hook.py) changes
 the weights from the first window no rank has received (what was packed ahead is packed again;
 service/delivery/mixture_changes.py), once
 per step whichever rank asks; the change is recorded in the manifest, so in every checkpoint
@@ -32,7 +32,7 @@ Cost: every row passes through this actor once (one copy into the object store p
 micro-batch: ~0.4 MB for 8 rows of 4096 tokens); a request blocks only until the packers have
 produced the step's rows. The actor asks for no CPU.
 
-``StreamFeeder`` (the class the driver, trainer/run.py, makes the actor of) opens the run's
+``StreamFeeder`` (the class the driver, trainer/launch/ray_driver.py, makes the actor of) opens the run's
 stream inside the actor (``service/delivery/row_stream.open_stream``: the packing pipeline of
 the data config, or a packed directory as it is) and its manifest (``load_manifest``), then is
 a RowFeeder over it.
@@ -63,8 +63,8 @@ from packfeed.service.face import (
     rank_batch,
     split_micro_batches,
 )
-from packfeed.trainer.checkpoint import MANIFEST_FILE
-from packfeed.trainer.run_dir import path
+from packfeed.trainer.state.checkpoint import MANIFEST_FILE
+from packfeed.trainer.state.run_dir import path
 
 logger = logging.getLogger(__name__)
 

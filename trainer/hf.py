@@ -23,7 +23,7 @@ With TRL 1.16 (checked in its source) the trainer must be told to leave the rows
 Loss: both trainers divide the step's summed token losses by ``num_items_in_batch``, the count
 of ``labels[:, 1:] != -100`` over every gradient-accumulation micro-batch (and over ranks with
 ``average_tokens_across_devices``, its default): the same token mean over the whole optimizer
-step as ``packfeed.trainer.step`` (tests/models/test_hf_trl.py checks the first step).
+step as ``packfeed.trainer.objective.step`` (tests/models/test_hf_trl.py checks the first step).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ starts (seconds). Each command passes only what differs:
 
 * how its Ray starts and what it says (``RayStart``): serve's logs Ray's line; train's prints
   it, with the dashboard, and acts on a signal meanwhile instead of raising it
-  (trainer/run.py); pack's starts it beside the checks, in the main thread while the checks
+  (trainer/launch/ray_driver.py); pack's starts it beside the checks, in the main thread while the checks
   run in another, with the driver's head start (ray_beside.py);
 * its own checks of the plan (``check_plan``: pack's output, train's resume, model and memory
   plan), which may end the command there (a finished run resumed: no probe, no Ray);

@@ -26,8 +26,8 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.trainer.attention import VARLEN, select_attention  # noqa: E402
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from packfeed.trainer.model.attention import VARLEN, select_attention  # noqa: E402
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config  # noqa: E402
 from support.gpu import CUDA_BACKENDS, DEVICE, backend_or_skip  # noqa: E402
 from support.model_batch import VOCAB, packed_batch, segments  # noqa: E402
 

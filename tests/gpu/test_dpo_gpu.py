@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.pair_logps import segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows  # noqa: E402
-from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402
-from packfeed.trainer.tiny_models import tiny_config  # noqa: E402
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import DpoLoss  # noqa: E402
+from packfeed.trainer.model.tiny import tiny_config  # noqa: E402
 from support.gpu import CUDA_BACKENDS, DEVICE, backend_or_skip  # noqa: E402
 from support.pair_rows import alone_logps, pack_pairs, random_pairs, segments_of, unpacked_dpo_loss  # noqa: E402
 

@@ -21,10 +21,10 @@ from support.step_contract import VOCAB, packed_micro_batches  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
-from packfeed.trainer.train_config import ModelConfig  # noqa: E402
-from packfeed.trainer.model import build_model  # noqa: E402
-from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_fsdp  # noqa: E402
-from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
+from packfeed.trainer.run_config import ModelConfig  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
+from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_fsdp  # noqa: E402
+from packfeed.trainer.objective.step import accumulate_gradients, token_loss_sum  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 from support.pair_rows import pack_pairs, random_pairs, unpacked_dpo_loss  # noqa: E402
 
 from packfeed.client.rows import padding_rows, select_rows  # noqa: E402
-from packfeed.trainer.train_config import ModelConfig  # noqa: E402
-from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402
-from packfeed.trainer.model import build_model  # noqa: E402
+from packfeed.trainer.run_config import ModelConfig  # noqa: E402
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import DpoLoss  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """FSDP2, activation checkpointing and the chunked loss keep the step's contract.
 
 Two spawned processes (gloo, CPU) lay the same tiny Llama out in every combination packfeed
-offers (trainer/parallelize.py) and take one gradient-accumulation step on the rows of
+offers (trainer/model/parallelize.py) and take one gradient-accumulation step on the rows of
 support/step_contract.py, whose micro-batches hold very different token counts on the two ranks.
 Each layout's gradients, gathered whole, must equal those of the samples run one at a time,
 unpacked, in one process (1e-5 relative): FSDP2 averages gradients over the ranks like DDP,
@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 from support.step_contract import MODEL, VOCAB, WORLD, packed_micro_batches, reference, relative_error  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
-from packfeed.trainer.train_config import ModelConfig, TrainConfig  # noqa: E402
-from packfeed.trainer.model import build_model  # noqa: E402
-from packfeed.trainer.optim import build_optimizer  # noqa: E402
-from packfeed.trainer.step import accumulate_gradients  # noqa: E402
+from packfeed.trainer.run_config import ModelConfig, TrainConfig  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
+from packfeed.trainer.loop.optim import build_optimizer  # noqa: E402
+from packfeed.trainer.objective.step import accumulate_gradients  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -61,8 +61,8 @@ def _count_gathers(monkeypatch_target: list) -> None:
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from packfeed.trainer.checkpoint import save_checkpoint
-    from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures
+    from packfeed.trainer.state.checkpoint import save_checkpoint
+    from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
@@ -129,8 +129,8 @@ def _load_at_world_one(rank: int, init_file: str, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from packfeed.trainer.checkpoint import load_checkpoint
-    from packfeed.trainer.parallelize import apply_sharding
+    from packfeed.trainer.state.checkpoint import load_checkpoint
+    from packfeed.trainer.model.parallelize import apply_sharding
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=0, world_size=1)
     try:
@@ -219,7 +219,7 @@ def test_a_sharded_checkpoint_loads_at_another_world_size(runs):
 
 
 def test_a_whole_checkpoint_refuses_a_sharded_model(tmp_path):
-    from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
+    from packfeed.trainer.state.checkpoint import load_checkpoint, save_checkpoint
 
     model = build_model(MODEL, vocab_size=VOCAB, seed=0)
     optimizer, scheduler = build_optimizer(model, TrainConfig(max_steps=4, warmup_steps=1))
@@ -232,8 +232,8 @@ def test_a_whole_checkpoint_refuses_a_sharded_model(tmp_path):
 def _pretrained_worker(rank: int, init_file: str, directory: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from packfeed.trainer.model import load_shards_from_rank0
-    from packfeed.trainer.parallelize import apply_activation_checkpointing, apply_fsdp
+    from packfeed.trainer.model.builder import load_shards_from_rank0
+    from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_fsdp
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)

@@ -60,8 +60,8 @@ def test_an_uncached_tokenizer_id_fails_fast_in_one_line(closed_hub, tmp_path, c
 
 
 def test_an_uncached_model_id_fails_fast_in_one_line(closed_hub):
-    from packfeed.trainer.train_config import ModelConfig
-    from packfeed.trainer.model import check_model
+    from packfeed.trainer.run_config import ModelConfig
+    from packfeed.trainer.model.builder import check_model
 
     start = time.monotonic()
     with pytest.raises(ValueError, match=r"^model 'packfeed-test/no-such-model': not a local directory and the "

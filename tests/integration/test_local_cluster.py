@@ -39,7 +39,7 @@ from support.train import (
 )
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-from packfeed.trainer.checkpoint import read_state
+from packfeed.trainer.state.checkpoint import read_state
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ from support.serve import REPO, GroupWatch, ServerProcess, kill_groups
 from support.train import PACKFEED, Train, corpus_head, run_config_text, wait_for_step
 
 from packfeed.service.assets import demo_tokenizer_path
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.loop.interval import read_jsonl
 
 pytestmark = pytest.mark.integration
 

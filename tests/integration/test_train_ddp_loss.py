@@ -24,8 +24,8 @@ from support.step_contract import (  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
-from packfeed.trainer.model import build_model  # noqa: E402
-from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
+from packfeed.trainer.objective.step import accumulate_gradients, token_loss_sum  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.loop.interval import read_jsonl
 from support.serve import REPO
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def bundled_pairs(path) -> str:
 
 
 def test_dpo_run_starts_at_ln2_and_learns_the_preference(ray_cluster, tmp_path):
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     run = RunConfig(
         data=DataConfig.from_inputs((bundled_pairs(tmp_path / "pairs.jsonl"),), tokenizer=demo_tokenizer_path(),

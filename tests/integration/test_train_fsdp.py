@@ -34,7 +34,7 @@ from support.train import (
     wait_for_step,
 )
 
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.loop.interval import read_jsonl
 
 torch = pytest.importorskip("torch")
 

@@ -37,8 +37,8 @@ from support.train import WORKERS, Train, corpus_head
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
 from packfeed.service.packed.writer import packed_dir_info, read_packed_dir
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.loop.interval import read_jsonl
 
 pytestmark = pytest.mark.integration
 

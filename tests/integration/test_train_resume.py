@@ -29,9 +29,9 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.loop.interval import read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def assert_same_training(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def straight(ray_cluster, run_config, tmp_path_factory):
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     output = tmp_path_factory.mktemp("straight")
     summary = train(run_config, output=output)
@@ -89,7 +89,7 @@ def straight(ray_cluster, run_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def interrupted(ray_cluster, run_config, tmp_path_factory):
     """A run stopped after INTERRUPT steps (a planned interruption); tests resume copies of it."""
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     output = tmp_path_factory.mktemp("interrupted")
     train(dataclasses.replace(run_config, train=dataclasses.replace(run_config.train, stop_at_step=INTERRUPT)),
@@ -105,7 +105,7 @@ def copy_run(src, dst):
 def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, interrupted, run_config, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     copy_run(interrupted, tmp_path)
     # A checkpoint whose upload was cut short (its state landed, Ray never registered it): the
@@ -147,7 +147,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
     buffer (16 rows a step). The feeder starts its reader again at the window holding them; every
     (step, rank) trains the rows the assignment gives it, a step trained twice the same rows to
     the same loss, and the curve has each step once."""
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     paths = corpus_head(tmp_path_factory.mktemp("corpus300"), 300)  # ~300 rows: 14 steps and a buffer
     steps, crash, per_step = 14, 12, 16
@@ -177,7 +177,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
 
 
 def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(interrupted, run_config, tmp_path):
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     copy_run(interrupted, tmp_path)
     before = [i for rows, _ in rows_seen(tmp_path).values() for i in rows]
@@ -200,7 +200,7 @@ def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(in
 def test_train_fails_as_pack_does_when_more_samples_are_skipped_than_allowed(ray_cluster, run_config, small_corpus,
                                                                                tmp_path):
     """--max-skip-fraction was accepted by train and never applied: a mostly bad input trained, exit 0."""
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
     good.write_text("".join(open(small_corpus[0]).readlines()[:30]))

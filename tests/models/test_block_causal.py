@@ -19,9 +19,9 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
-from packfeed.trainer import attention  # noqa: E402
-from packfeed.trainer.attention import VARLEN, register_varlen_attention, select_attention  # noqa: E402
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from packfeed.trainer.model import attention  # noqa: E402
+from packfeed.trainer.model.attention import VARLEN, register_varlen_attention, select_attention  # noqa: E402
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config  # noqa: E402
 from support.model_batch import PADDED_ROWS, SEQ_LENS, VOCAB, packed_batch, segments  # noqa: E402
 
 EQUAL_FP32 = 1e-4  # measured: <= 3.6e-7 on every family (gemma highest)
@@ -272,7 +272,7 @@ def test_kernel_adapter_dtype_policy(monkeypatch, fresh_kernel):
 
 
 def test_auto_selects_sdpa_on_cpu(caplog):
-    with caplog.at_level(logging.INFO, logger="packfeed.trainer.attention"):
+    with caplog.at_level(logging.INFO, logger="packfeed.trainer.model.attention"):
         assert select_attention("auto", device="cpu") == "sdpa"
     assert "sdpa" in caplog.text
     assert select_attention("eager", device="cpu") == "eager"

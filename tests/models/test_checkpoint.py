@@ -3,10 +3,10 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from packfeed.trainer.checkpoint import load_checkpoint, save_checkpoint
-from packfeed.trainer.train_config import TrainConfig
-from packfeed.trainer.optim import build_optimizer
-from packfeed.trainer.tiny_models import tiny_config
+from packfeed.trainer.state.checkpoint import load_checkpoint, save_checkpoint
+from packfeed.trainer.run_config import TrainConfig
+from packfeed.trainer.loop.optim import build_optimizer
+from packfeed.trainer.model.tiny import tiny_config
 
 
 def _model(seed: int):

@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.pair_logps import pair_segments, segment_logps  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows, select_rows  # noqa: E402
-from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import LN2, DpoLoss  # noqa: E402
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config  # noqa: E402
 from support.pair_rows import alone_logps, pack_pairs, random_pairs, segments_of, unpacked_dpo_loss  # noqa: E402
 
 VOCAB, SEQ_LEN, NUM_PAIRS = 96, 40, 10
@@ -128,9 +128,9 @@ def test_policy_equal_to_reference_starts_at_ln2(family):
 
 
 def test_reference_is_the_initial_weights_or_the_named_model(tmp_path):
-    from packfeed.trainer.train_config import ModelConfig
-    from packfeed.trainer.dpo import build_reference
-    from packfeed.trainer.model import build_model
+    from packfeed.trainer.run_config import ModelConfig
+    from packfeed.trainer.objective.dpo import build_reference
+    from packfeed.trainer.model.builder import build_model
 
     config = ModelConfig(name="tiny-qwen3", attn="sdpa")
     policy = build_model(config, vocab_size=VOCAB, seed=5)

@@ -19,10 +19,10 @@ pytest.importorskip("trl")
 
 from packfeed.client.pair_logps import pair_segments  # noqa: E402
 from packfeed.service.assets import demo_tokenizer_path  # noqa: E402
-from packfeed.trainer.train_config import ModelConfig  # noqa: E402
-from packfeed.trainer.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
-from packfeed.trainer.model import build_model  # noqa: E402
+from packfeed.trainer.run_config import ModelConfig  # noqa: E402
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import LN2, DpoLoss  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
 from support.pair_rows import Pair, pack_pairs  # noqa: E402
 
 EQUAL_LOSS = 1e-5  # measured: 4.6e-7 (sigmoid, loss 0.711), 8.3e-7 (ipo, 1.152): fp32 sums in another order

@@ -28,10 +28,10 @@ from packfeed.service.data.plan import build_plan
 from packfeed.service.tokenize.samples import SampleTokenizer
 from packfeed.service.pipeline.window import process_window
 from packfeed.service.packed.writer import ParquetRowWriter, read_packed_dir
-from packfeed.trainer.train_config import ModelConfig
+from packfeed.trainer.run_config import ModelConfig
 from packfeed.trainer.hf import PackedCollator, packed_hf_dataset
-from packfeed.trainer.model import build_model
-from packfeed.trainer.step import accumulate_gradients
+from packfeed.trainer.model.builder import build_model
+from packfeed.trainer.objective.step import accumulate_gradients
 
 SEQ_LEN = 256
 WINDOW_SAMPLES = 48

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packfeed.trainer.attention import VARLEN, select_attention
+from packfeed.trainer.model.attention import VARLEN, select_attention
 
 DEVICE = "cuda"
 CUDA_BACKENDS = [VARLEN, "flash_attention_2", "flash_attention_4"]

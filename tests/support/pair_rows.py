@@ -19,7 +19,7 @@ from packfeed.client.rows import (
     positions_from_seq_lens,
 )
 from packfeed.client.offsets import offsets_of
-from packfeed.trainer.dpo_loss import DpoLoss
+from packfeed.trainer.objective.dpo_loss import DpoLoss
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import torch
 from packfeed.client.rows import IGNORE_INDEX, select_rows
 from packfeed.service.delivery.assign import fill_batch, split_micro_batches, step_rows
 from packfeed.service.packing import assemble_rows, pack
-from packfeed.trainer.train_config import ModelConfig
-from packfeed.trainer.model import build_model
-from packfeed.trainer.step import token_loss_sum
+from packfeed.trainer.run_config import ModelConfig
+from packfeed.trainer.model.builder import build_model
+from packfeed.trainer.objective.step import token_loss_sum
 
 VOCAB, SEQ_LEN, PAD_ID = 96, 32, 0
 WORLD, ACCUM, MICRO_ROWS = 2, 2, 2

@@ -19,8 +19,8 @@ from pathlib import Path
 from support.serve import REPO, GroupWatch, kill_groups
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.loop.interval import read_jsonl
 
 STEPS, WORKERS, ROWS_PER_RANK = 50, 2, 2  # 4 rows a step; the corpus below holds ~57 steps of rows
 SIGNAL_AT = 2  # the step a run has reached when the signal is sent: mid-run, far from STEPS

@@ -78,7 +78,7 @@ LIGHT_THIRD_PARTY_INSIDE_FUNCTIONS: dict[tuple[str, str], str] = {
     ("packfeed.service.progress", "tqdm"): "the bar on a TTY only; 5 ms on every start",
     ("packfeed.service.tokenize.shipped", "tokenizers"): "an actor's first use only; 4 ms on every start",
     ("packfeed.trainer.hf", "pyarrow.compute"): "a Ray dataset's rows only; 40 ms on every start",
-    ("packfeed.trainer.memory_plan", "psutil"): "a CPU run's memory only; 6 ms on every start",
+    ("packfeed.trainer.model.memory_plan", "psutil"): "a CPU run's memory only; 6 ms on every start",
     ("packfeed.service.pipeline.raycluster", "psutil"): "the processes below Ray, at its shutdown; 6 ms on every start",
 }
 

@@ -17,7 +17,7 @@ from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline import head_start, raycluster
 from packfeed.service.pipeline.pack_run import run_pack
-from packfeed.trainer import run_dir
+from packfeed.trainer.state import run_dir
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from packfeed.service import storage
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.scaling import PackingScaling
-from packfeed.trainer.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.train_metrics import read_jsonl
+from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.loop.interval import read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def rows_trained(output: str) -> dict[tuple[int, int], list[int]]:
 
 @pytest.mark.timeout(300)
 def test_train_reads_s3_checkpoints_to_s3_and_resumes_from_there(ray_to_s3, s3_server, tmp_path, monkeypatch, capsys):
-    from packfeed.trainer.run import train
+    from packfeed.trainer.launch.ray_driver import train
 
     bucket = s3_server.bucket("train")
     inputs = []

@@ -48,8 +48,8 @@ from packfeed.service.pipeline import placement
 from packfeed.service.cli import build_parser
 from packfeed.service.commands import serve
 from packfeed.service.commands.args import data_config_from_args, load_config_file, packing_from_args
-from packfeed.trainer.train_command import run_config_from_args
-from packfeed.trainer.train_placement import check_placement
+from packfeed.trainer.launch.command import run_config_from_args
+from packfeed.trainer.launch.ray_placement import check_placement
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = Manifests(REPO / "deploy" / "k8s")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from packfeed.service.cli import main
-from packfeed.trainer.attention import check_attention, ray_workers_device
+from packfeed.trainer.model.attention import check_attention, ray_workers_device
 
 DEMO = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "train_demo.toml")
 CUDA_BACKENDS = ["varlen", "packfeed_varlen", "flash_attention_2", "fa2", "flash_attention_4"]

@@ -1,4 +1,4 @@
-"""The DPO objective's settings, loss formulas and metrics (no model: trainer/dpo.py's arithmetic)."""
+"""The DPO objective's settings, loss formulas and metrics (no model: trainer/objective/dpo.py's arithmetic)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from packfeed.trainer.train_config import RunConfig, TrainConfig  # noqa: E402
-from packfeed.trainer.dpo_loss import LN2, DpoLoss  # noqa: E402
-from packfeed.trainer.train_metrics import MetricsWindow, progress_line, summarize  # noqa: E402
+from packfeed.trainer.run_config import RunConfig, TrainConfig  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import LN2, DpoLoss  # noqa: E402
+from packfeed.trainer.loop.interval import MetricsWindow, progress_line, summarize  # noqa: E402
 
 
 def test_sft_stays_the_default_and_dpo_settings_round_trip():
@@ -87,9 +87,9 @@ def test_a_checkpoint_resumes_only_the_same_objective():
     from types import SimpleNamespace
 
     from packfeed.service.data.config import DataConfig
-    from packfeed.trainer.train_config import ModelConfig
-    from packfeed.trainer.resume import check_resume
-    from packfeed.trainer.train_state import TrainState
+    from packfeed.trainer.run_config import ModelConfig
+    from packfeed.trainer.state.resume import check_resume
+    from packfeed.trainer.state.train_state import TrainState
 
     data = DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64)
     sft = RunConfig(data=data, model=ModelConfig(name="tiny-llama"))
@@ -107,8 +107,8 @@ def test_a_checkpoint_resumes_only_the_same_objective():
 
 def test_a_dpo_step_without_pairs_on_real_samples_is_refused():
     from packfeed.client.rows import padding_rows
-    from packfeed.trainer.dpo import check_pairs_trained
-    from packfeed.trainer.step import StepResult
+    from packfeed.trainer.objective.dpo import check_pairs_trained
+    from packfeed.trainer.objective.step import StepResult
     from support.pair_rows import pack_pairs
 
     plain = pack_pairs([], 16, plain=[[5, 6, 7]])
@@ -119,7 +119,7 @@ def test_a_dpo_step_without_pairs_on_real_samples_is_refused():
 
 
 def test_the_closing_summary_shows_the_rewards_of_dpo_runs_only():
-    from packfeed.trainer.train_metrics import format_summary
+    from packfeed.trainer.loop.interval import format_summary
 
     dpo = format_summary({"steps": 3, "first_loss": 0.6931, "last_loss": 0.5, "last_reward_margin": 0.3,
                           "last_reward_accuracy": 0.7})
@@ -131,7 +131,7 @@ def test_the_bundled_dpo_config_reads_as_a_dpo_run(monkeypatch):
     import argparse
     from pathlib import Path
 
-    from packfeed.trainer.train_command import add_arguments, run_config_from_args
+    from packfeed.trainer.launch.command import add_arguments, run_config_from_args
 
     repo = Path(__file__).resolve().parents[3]
     monkeypatch.chdir(repo)  # its paths are relative to the repository root

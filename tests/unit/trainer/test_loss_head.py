@@ -1,4 +1,4 @@
-"""The chunked loss head (trainer/loss_head.py) computes what the full logits compute.
+"""The chunked loss head (trainer/objective/loss_head.py) computes what the full logits compute.
 
 Tiny random models of every CausalLM class the head knows (``LOGIT_TRANSFORMS``), float32 on
 CPU, on rows built by the real packer: several segments per row, prompt masks, padding tails,
@@ -23,9 +23,9 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, select_rows  # noqa: E402
 from packfeed.service.packing import assemble_rows, pack  # noqa: E402
-from packfeed.trainer.train_config import ModelConfig  # noqa: E402
-from packfeed.trainer.dpo import PAIR_KEYS  # noqa: E402
-from packfeed.trainer.loss_head import (  # noqa: E402
+from packfeed.trainer.run_config import ModelConfig  # noqa: E402
+from packfeed.trainer.objective.dpo import PAIR_KEYS  # noqa: E402
+from packfeed.trainer.objective.loss_head import (  # noqa: E402
     LOGIT_TRANSFORMS,
     NON_MODEL_KEYS,
     OutputHead,
@@ -33,9 +33,9 @@ from packfeed.trainer.loss_head import (  # noqa: E402
     output_head,
     trained_token_logps,
 )
-from packfeed.trainer.model import build_model  # noqa: E402
-from packfeed.trainer.step import accumulate_gradients, token_loss_sum  # noqa: E402
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config  # noqa: E402
+from packfeed.trainer.model.builder import build_model  # noqa: E402
+from packfeed.trainer.objective.step import accumulate_gradients, token_loss_sum  # noqa: E402
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config  # noqa: E402
 
 VOCAB, SEQ_LEN, ROWS = 128, 32, 3
 EQUAL = 1e-6  # relative, loss and every parameter's gradient (float32); measured <= 1.8e-7
@@ -378,7 +378,7 @@ def test_the_chunked_path_saves_no_tokens_by_vocabulary_tensor():
 def test_the_driver_refuses_a_family_the_head_does_not_know_before_any_worker_starts():
     from transformers import AutoConfig
 
-    from packfeed.trainer.loss_head import check_loss_head
+    from packfeed.trainer.objective.loss_head import check_loss_head
 
     for family in TINY_FAMILIES:
         check_loss_head(tiny_config(family, 64), chunk_tokens=1024)  # every tiny family is known

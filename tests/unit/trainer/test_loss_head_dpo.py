@@ -12,9 +12,9 @@ pytest.importorskip("transformers")
 
 from packfeed.client.pair_logps import segment_logps, segment_sums  # noqa: E402
 from packfeed.client.rows import select_rows  # noqa: E402
-from packfeed.trainer.dpo import accumulate_dpo_gradients, batch_pair_logps, dpo_micro_batch  # noqa: E402
-from packfeed.trainer.dpo_loss import DpoLoss  # noqa: E402
-from packfeed.trainer.loss_head import (  # noqa: E402
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, batch_pair_logps, dpo_micro_batch  # noqa: E402
+from packfeed.trainer.objective.dpo_loss import DpoLoss  # noqa: E402
+from packfeed.trainer.objective.loss_head import (  # noqa: E402
     NON_MODEL_KEYS,
     trained_token_logps,
 )

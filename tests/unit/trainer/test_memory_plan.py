@@ -1,4 +1,4 @@
-"""The memory plan (trainer/memory_plan.py): the public 7B-at-64k arithmetic, advice that works
+"""The memory plan (trainer/model/memory_plan.py): the public 7B-at-64k arithmetic, advice that works
 when applied, and invariants of the estimate over a sweep of layouts. Offline: config.json
 fixtures in examples/models, models on the meta device, no Ray."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.memory_plan import (
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.model.memory_plan import (
     GB,
     HOST_SOURCE,
     Layout,
@@ -25,8 +25,8 @@ from packfeed.trainer.memory_plan import (
     plan_memory,
     total_bytes,
 )
-from packfeed.trainer.model_shape import model_shape
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
+from packfeed.trainer.model.shape import model_shape
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config
 
 ROOT = Path(__file__).resolve().parents[3]
 QWEN_7B = ROOT / "examples/models/qwen2.5-7b"
@@ -48,7 +48,7 @@ def nemo():
 def run_7b(*flags: str) -> RunConfig:
     """examples/train_7b_64k.toml with command-line flags, as `packfeed train` reads them."""
     from packfeed.service.cli import main  # noqa: F401  (the train subcommand is registered)
-    from packfeed.trainer.train_command import add_arguments, run_config_from_args
+    from packfeed.trainer.launch.command import add_arguments, run_config_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -201,7 +201,7 @@ def small_run(**scaling) -> RunConfig:
 def test_the_memory_compared_with_and_the_precision(qwen, monkeypatch):
     import psutil
 
-    from packfeed.trainer import memory_plan
+    from packfeed.trainer.model import memory_plan
 
     monkeypatch.setattr(memory_plan, "detect_gpu", lambda: None)
     cpu = plan_memory(small_run(use_gpu="no", num_workers=2), shape=qwen)

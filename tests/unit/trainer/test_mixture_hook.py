@@ -1,4 +1,4 @@
-"""The training loop's mixture hook (trainer/mixture_hook.py): how ``[train] mixture_hook`` is
+"""The training loop's mixture hook (trainer/loop/mixture_hook.py): how ``[train] mixture_hook`` is
 named, loaded and refused, what a hook sees of its step's sources, and that its weights become
 the feeder's change of that step (one per step whichever rank asks, rank 0 says it)."""
 
@@ -10,8 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from packfeed.trainer.train_config import TrainConfig
-from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
+from packfeed.trainer.run_config import TrainConfig
+from packfeed.trainer.loop.mixture_hook import MixtureStep, call_hook, load_hook
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_the_hook_sees_each_segment_source():
 
 
 class Runtime:
-    """The part of a rank's runtime (trainer/runtime.py) a hook's weights reach."""
+    """The part of a rank's runtime (trainer/launch/ray_runtime.py) a hook's weights reach."""
 
     def __init__(self) -> None:
         self.asked = []
@@ -79,7 +79,7 @@ def test_weights_that_come_too_late_are_not_applied_and_the_run_goes_on(hooks_mo
         raise MixtureRefused("every window of the stream is planned already")
 
     feeder = types.SimpleNamespace(set_mixture=planned_to_the_end)
-    with caplog.at_level("WARNING", logger="packfeed.trainer.mixture_hook"):
+    with caplog.at_level("WARNING", logger="packfeed.trainer.loop.mixture_hook"):
         assert call_hook(hooks_module.pause_web, feeder, step(2)) is None
     assert "step 2: the mixture hook's weights were not applied: every window" in caplog.text
 
@@ -91,7 +91,7 @@ def _ray_refusal(monkeypatch):
     from ray.exceptions import RayTaskError
 
     from packfeed.service.delivery.mixture_changes import MixtureRefused
-    from packfeed.trainer.runtime import RayRuntime
+    from packfeed.trainer.launch.ray_runtime import RayRuntime
 
     cause = MixtureRefused("every window of the stream is planned already")
     wrapped = RayTaskError("RowFeeder.set_mixture", "Traceback (most recent call last):\n  File ...\n" * 20,
@@ -111,7 +111,7 @@ def _server_refusal():
     import grpc
 
     from packfeed.client.stream import StreamError
-    from packfeed.trainer.torchrun import ServerRows
+    from packfeed.trainer.launch.torchrun import ServerRows
 
     def refuse(weights, step):
         raise StreamError(grpc.StatusCode.FAILED_PRECONDITION, "every window of the stream is planned already")
@@ -127,7 +127,7 @@ def test_a_refusal_through_either_runtime_is_the_one_line_warning(hooks_module, 
     message (a screenful where the README promises one line); under torchrun + serve as a
     StreamError the hook did not catch (the run died). Both are the warning, one line."""
     source = _ray_refusal(monkeypatch) if runtime == "ray" else _server_refusal()
-    with caplog.at_level("WARNING", logger="packfeed.trainer.mixture_hook"):
+    with caplog.at_level("WARNING", logger="packfeed.trainer.loop.mixture_hook"):
         assert call_hook(hooks_module.pause_web, source, step(2)) is None
     (record,) = [r for r in caplog.records if "not applied" in r.getMessage()]
     assert record.getMessage() == ("step 2: the mixture hook's weights were not applied: every window of the stream "

@@ -4,7 +4,7 @@ directory's run said ``packing efficiency 0.0% (0 rows packed)``: its reader pac
 
 import pytest
 
-from packfeed.trainer.train_metrics import PACKED_OUTPUT, READER, format_summary, packing_figures
+from packfeed.trainer.loop.interval import PACKED_OUTPUT, READER, format_summary, packing_figures
 
 SUMMARY = {"steps": 3, "first_loss": 2.0, "last_loss": 1.0, "wall_seconds": 4.0, "final_model": "runs/x/final"}
 PACKED_STATS = {"rows": 873, "tokens": 439_650, "efficiency": 0.9834, "samples_packed": 7_500, "windows": 15,

@@ -4,7 +4,7 @@ Ray Train passes the setting from the driver to its controller."""
 
 from __future__ import annotations
 
-from packfeed.trainer import run as run_module
+from packfeed.trainer.launch import ray_driver as run_module
 
 
 def test_the_controller_interval_is_set_where_the_user_set_none(monkeypatch):

@@ -12,11 +12,11 @@ import pytest
 from support.stores import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
 
 from packfeed.service import storage
-from packfeed.trainer import run_dir
-from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
-from packfeed.trainer.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
-from packfeed.trainer.checkpoint import latest_checkpoint, local_copy, read_state
-from packfeed.trainer.train_metrics import append_jsonl, keep_records_until, read_jsonl
+from packfeed.trainer.state import run_dir
+from packfeed.trainer.state.checkpoint import RUN_NAME, STATE_FILE
+from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
+from packfeed.trainer.state.checkpoint import latest_checkpoint, local_copy, read_state
+from packfeed.trainer.loop.interval import append_jsonl, keep_records_until, read_jsonl
 
 
 def put(uri: str, data: bytes) -> None:
@@ -78,7 +78,7 @@ def test_the_final_model_is_published_whole_replacing_the_previous_one(where):
 
 
 def test_a_previous_run_on_a_store_is_kept_until_cleared_and_its_scan_manifest_stays(store):
-    from packfeed.trainer.resume import prepare_output
+    from packfeed.trainer.state.resume import prepare_output
 
     out = f"{store}/run"
     assert prepare_output(out, resume="auto", overwrite=False) == (None, None)

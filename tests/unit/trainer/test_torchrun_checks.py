@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from packfeed.service.data.config import DataConfig
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.torchrun import distributed_env, refuse_what_needs_ray
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.launch.torchrun import distributed_env, refuse_what_needs_ray
 
 RUN = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
 

@@ -16,11 +16,11 @@ from support.streams import plain_rows
 
 from packfeed.service.data.config import DataConfig
 from packfeed.service.delivery.manifest import Manifest
-from packfeed.trainer.checkpoint import STATE_FILE
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig
+from packfeed.trainer.state.checkpoint import STATE_FILE
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig
 from packfeed.trainer.feeder import RowFeeder
-from packfeed.trainer.resume import finished, read_train_state
-from packfeed.trainer.train_state import TrainState
+from packfeed.trainer.state.resume import finished, read_train_state
+from packfeed.trainer.state.train_state import TrainState
 
 # A checkpoint's trainer_state.json as the worker writes it (json.dumps(state, indent=1)), config cut short.
 GOLDEN = """{

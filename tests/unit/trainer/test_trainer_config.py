@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from packfeed.trainer.train_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
-from packfeed.trainer.optim import lr_factor
+from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
+from packfeed.trainer.loop.optim import lr_factor
 
 
 @pytest.mark.parametrize(
@@ -56,8 +56,8 @@ def test_use_gpu_takes_toml_booleans_as_yes_and_no():
 
 def test_the_model_is_checked_on_the_driver(tmp_path):
     """A model name that loads nothing failed in every Ray Train worker, after Ray started."""
-    from packfeed.trainer.model import check_model
-    from packfeed.trainer.tiny_models import tiny_config
+    from packfeed.trainer.model.builder import check_model
+    from packfeed.trainer.model.tiny import tiny_config
 
     check_model(ModelConfig(name="tiny-llama"), vocab_size=100)
     with pytest.raises(ValueError, match="vocab_size must be >= 3"):
@@ -114,7 +114,7 @@ def test_lr_schedule_golden():
 
 def test_cli_flags_override_the_config_file(tmp_path):
     from packfeed.service.cli import main  # noqa: F401  (the train subcommand is registered)
-    from packfeed.trainer.train_command import add_arguments, run_config_from_args
+    from packfeed.trainer.launch.command import add_arguments, run_config_from_args
 
     config = tmp_path / "train.toml"
     config.write_text(
@@ -135,7 +135,7 @@ def test_cli_flags_override_the_config_file(tmp_path):
 def test_a_packed_directory_must_fit_the_run():
     from types import SimpleNamespace
 
-    from packfeed.trainer.resume import check_packed_dir
+    from packfeed.trainer.state.resume import check_packed_dir
 
     info = {"config": {"data": {"seq_len": 512}, "tokenizer": {"name": "t", "vocab_size": 100, "pad_id": 0}}}
     tok = SimpleNamespace(name="t", vocab_size=100, pad_id=0)
@@ -149,8 +149,8 @@ def test_a_packed_directory_must_fit_the_run():
 def test_resume_auto_resumes_when_it_can_and_starts_otherwise(tmp_path):
     import json
 
-    from packfeed.trainer.checkpoint import RUN_NAME, STATE_FILE
-    from packfeed.trainer.resume import prepare_output
+    from packfeed.trainer.state.checkpoint import RUN_NAME, STATE_FILE
+    from packfeed.trainer.state.resume import prepare_output
 
     out = tmp_path / "run"
     assert prepare_output(out, resume="auto", overwrite=False) == (None, None)  # nothing there: start
@@ -194,8 +194,8 @@ def test_a_checkpoint_of_another_stream_or_model_is_refused_before_ray():
     from types import SimpleNamespace
 
     from packfeed.service.data.config import DataConfig
-    from packfeed.trainer.resume import check_resume
-    from packfeed.trainer.train_state import TrainState
+    from packfeed.trainer.state.resume import check_resume
+    from packfeed.trainer.state.train_state import TrainState
 
     run = RunConfig(data=DataConfig.from_inputs(["a.jsonl"], tokenizer="tok", seq_len=64), model=ModelConfig(name="tiny-llama"))
     h = run.data.config_hash()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from packfeed.service.pipeline.scaling import TABLE_KEYS, PackingScaling
-from packfeed.trainer.train_config import RunConfig, TrainScaling
+from packfeed.trainer.run_config import RunConfig, TrainScaling
 
 LAPTOP = {"id": "l", "address": "", "resources": {"CPU": 2.0}, "labels": {}}
 HEAD = {"id": "h", "address": "", "resources": {"CPU": 1.0}, "labels": {}}

@@ -14,7 +14,7 @@ micro-batch more than one of a long micro-batch.
 
 The token losses come from the model's full logits (``chunk_tokens`` 0: B x L x V float32,
 as Hugging Face's loss) or from the chunked loss head (``chunk_tokens`` > 0,
-trainer/loss_head.py: the trained positions only, ``chunk_tokens`` x V logits at a time, the
+trainer/objective/loss_head.py: the trained positions only, ``chunk_tokens`` x V logits at a time, the
 same sum to float rounding).
 
 Pure torch: no Ray. ``torch.distributed`` is used when it is initialised (DDP), else the step
@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from packfeed.client.model_inputs import num_trained_tokens
 from packfeed.client.rows import IGNORE_INDEX
-from packfeed.trainer.loss_head import trained_token_logps
+from packfeed.trainer.objective.loss_head import trained_token_logps
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def accumulate_gradients(
 
 def backward_micro_batches(model: Any, micro_batches: Sequence[dict], *, local_count: int,
                            micro_loss: Callable[[dict], tuple[Any, Any]], autocast_dtype: Any = None) -> tuple[int, Any]:
-    """The micro-batch loop of every objective (SFT here, DPO in trainer/dpo.py): (what the
+    """The micro-batch loop of every objective (SFT here, DPO in trainer/objective/dpo.py): (what the
     step holds over every rank of what ``local_count`` counts on this one, the sums of the
     micro-batches' figures over every rank, float64).
 
@@ -170,7 +170,7 @@ def train_step(
     grad_clip: float, autocast_dtype: Any = None, accumulate: Callable[..., StepResult] = accumulate_gradients,
 ) -> StepResult:
     """``accumulate`` (the objective's forwards and backwards: the SFT token mean by default,
-    ``trainer/dpo.py``'s pair mean for DPO) then ``optimizer_step``. A step with no trained token
+    ``trainer/objective/dpo.py``'s pair mean for DPO) then ``optimizer_step``. A step with no trained token
     anywhere (possible only at the very end of the data) leaves the weights and the schedule alone."""
     result = accumulate(model, micro_batches, autocast_dtype=autocast_dtype)
     if result.trained_tokens == 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from packfeed.trainer.train_config import TrainConfig
+from packfeed.trainer.run_config import TrainConfig
 
 
 def lr_factor(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:

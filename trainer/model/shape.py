@@ -1,6 +1,6 @@
 """What a model's config says about its size, without its weights: ``model_shape``.
 
-The memory plan (trainer/memory_plan.py) needs a model's hidden size, layers, MLP width, key/value
+The memory plan (trainer/model/memory_plan.py) needs a model's hidden size, layers, MLP width, key/value
 width, vocabulary and exact parameter counts (in total, per decoder layer, outside the layers).
 They come from ``config.json`` alone: the model is built on the meta device (no memory, no
 weights read), so the counts are the real model's for any family transformers knows. Cost:
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from packfeed.service.face import hub_kwargs
-from packfeed.trainer.model import check_model
-from packfeed.trainer.tiny_models import tiny_config
-from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig
+from packfeed.trainer.model.builder import check_model
+from packfeed.trainer.model.tiny import tiny_config
+from packfeed.trainer.run_config import TINY_PREFIX, ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True)

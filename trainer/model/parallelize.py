@@ -2,7 +2,7 @@
 
 Applied in this order by the worker, each a short function of the model and one setting::
 
-    model = build_model(...)                                        # trainer/model.py
+    model = build_model(...)                                        # trainer/model/builder.py
     apply_activation_checkpointing(model, "full")                   # each decoder layer
     model = apply_sharding(model, "fsdp", param_dtype=torch.bfloat16, device=device)
 
@@ -11,7 +11,7 @@ root (embeddings, final norm, lm_head) another. A rank holds 1/world of every fp
 gradient and its two AdamW moments (16 B per parameter / world); a group's weights are gathered
 (in ``param_dtype``, e.g. bf16) just before its forward and again before its backward, and its
 gradients reduce-scattered in fp32 after its backward. The root is not resharded after forward
-(FSDP2's own rule), so the loss head (trainer/loss_head.py) projects every chunk with a weight
+(FSDP2's own rule), so the loss head (trainer/objective/loss_head.py) projects every chunk with a weight
 gathered once per micro-batch. ``ddp``: every rank holds the whole model (16 B per parameter,
 plus DDP's gradient buckets); gradients are all-reduced on the step's last micro-batch.
 

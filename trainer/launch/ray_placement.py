@@ -15,7 +15,7 @@ from packfeed.service.face import (
     node_resources,
     resolve_selector,
 )
-from packfeed.trainer.train_config import TrainScaling
+from packfeed.trainer.run_config import TrainScaling
 
 
 @dataclass(frozen=True)

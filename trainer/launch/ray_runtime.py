@@ -1,6 +1,6 @@
 """What a rank's training loop asks of the launcher it runs under: its rows, its checkpoints.
 
-The loop (trainer/worker.py ``train_rank``) is the same under every launcher; a ``Runtime``
+The loop (trainer/loop/rank.py ``train_rank``) is the same under every launcher; a ``Runtime``
 gives it, for this rank:
 
 * ``rank``, ``world_size``, ``device``;
@@ -18,7 +18,7 @@ gives it, for this rank:
 ``RayRuntime`` (here) is Ray Train's: the rows come from the run's ``RowFeeder`` actor, a
 checkpoint is ``ray.train.report``ed (Ray Train uploads every rank's files into one checkpoint
 directory and registers it), a restarted worker group restores Ray Train's latest checkpoint.
-``trainer/torchrun.py`` has the one for torchrun and SLURM, without Ray.
+``trainer/launch/torchrun.py`` has the one for torchrun and SLURM, without Ray.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from packfeed.service.face import MixtureRefused
-from packfeed.trainer.checkpoint import local_copy
+from packfeed.trainer.state.checkpoint import local_copy
 
 
 class Runtime(Protocol):

@@ -4,7 +4,7 @@ continue from.
 * ``prepare_output``: whether ``--output`` holds a run, and what ``--resume`` / ``--overwrite``
   make of it (the checkpoint to resume from; a function that clears the previous run, called
   only once every other check has passed);
-* ``read_train_state``: a checkpoint's ``TrainState`` (trainer/train_state.py);
+* ``read_train_state``: a checkpoint's ``TrainState`` (trainer/state/train_state.py);
 * ``check_resume``: a checkpoint continues this run only on the same stream, model and objective;
 * ``finished``: a checkpoint with nothing left to train, and ``saved_summary``, what such a
   run wrote;
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packfeed.service.face import display, join
-from packfeed.trainer.checkpoint import (
+from packfeed.trainer.state.checkpoint import (
     CHECKPOINTS_DIR,
     MANIFEST_FILE,
     RUN_NAME,
@@ -32,9 +32,9 @@ from packfeed.trainer.checkpoint import (
     latest_checkpoint,
     read_state,
 )
-from packfeed.trainer.train_config import RunConfig
-from packfeed.trainer.run_dir import FINAL_DIR, FINAL_OLD, FINAL_PARTIAL, holds, path, read_text, remove
-from packfeed.trainer.train_state import TrainState
+from packfeed.trainer.run_config import RunConfig
+from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_OLD, FINAL_PARTIAL, holds, path, read_text, remove
+from packfeed.trainer.state.train_state import TrainState
 
 
 def prepare_output(output: str | Path, *, resume: bool | str,

@@ -7,7 +7,7 @@
         packfeed train --config run.toml --launcher torchrun --server PACKER:50051
 
 Each process is one rank (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` from torchrun; NCCL on GPUs,
-gloo on CPU) and runs the loop every Ray Train worker runs (worker.py ``train_rank``): the same
+gloo on CPU) and runs the loop every Ray Train worker runs (loop/rank.py ``train_rank``): the same
 step, attention choice, objectives, sharding, checkpoints, metrics. What Ray gave it comes from
 a ``TorchrunRuntime`` instead:
 
@@ -57,17 +57,17 @@ from packfeed.service.face import (
     packed_dir_stream,
     split_micro_batches,
 )
-from packfeed.trainer.attention import check_attention
-from packfeed.trainer.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
-from packfeed.trainer.train_config import RunConfig
+from packfeed.trainer.model.attention import check_attention
+from packfeed.trainer.state.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from packfeed.trainer.run_config import RunConfig
 from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
-from packfeed.trainer.loss_head import check_loss_head
-from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.train_metrics import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
-from packfeed.trainer.model import check_model
-from packfeed.trainer.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
-from packfeed.trainer.run_dir import publish_final, write_json
-from packfeed.trainer.worker import train_rank
+from packfeed.trainer.objective.loss_head import check_loss_head
+from packfeed.trainer.model.memory_plan import check_memory_plan
+from packfeed.trainer.loop.interval import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
+from packfeed.trainer.model.builder import check_model
+from packfeed.trainer.state.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
+from packfeed.trainer.state.run_dir import publish_final, write_json
+from packfeed.trainer.loop.rank import train_rank
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class StopFlag:
 
 
 class TorchrunRuntime:
-    """One torchrun rank's runtime (trainer/runtime.py): ``source`` its rows (``DirectoryRows``
+    """One torchrun rank's runtime (trainer/launch/ray_runtime.py): ``source`` its rows (``DirectoryRows``
     or ``ServerRows``), checkpoints under ``<output>/checkpoints``, the stop agreed by all ranks."""
 
     def __init__(self, source: Any, *, output: Path, resume_from: Path | None, keep: int, stop: StopFlag,

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from itertools import product
 
 from packfeed.service.face import load_tokenizer
-from packfeed.trainer.train_config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
-from packfeed.trainer.model_shape import ModelShape, model_shape
+from packfeed.trainer.run_config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.model.shape import ModelShape, model_shape
 
 logger = logging.getLogger(__name__)
 

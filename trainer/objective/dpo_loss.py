@@ -1,7 +1,7 @@
 """The DPO objective's loss of a batch of pairs (``DpoLoss``), from the pairs' log-probs.
 
-Pure arithmetic on [P] tensors: trainer/dpo.py computes the log-probs of packed pairs and
-calls it; trainer/train_config.py validates ``[train] dpo_*`` by building one. The losses (``beta``
+Pure arithmetic on [P] tensors: trainer/objective/dpo.py computes the log-probs of packed pairs and
+calls it; trainer/run_config.py validates ``[train] dpo_*`` by building one. The losses (``beta``
 > 0; a side's log-ratio is ``logp_policy - logp_reference`` over its trained tokens; ``delta`` =
 chosen log-ratio - rejected log-ratio): ``sigmoid`` (DPO; label smoothing eps > 0: conservative
 DPO) ``-(1 - eps) logsigmoid(beta delta) - eps logsigmoid(-beta delta)``; ``ipo`` ``(delta per

@@ -75,7 +75,7 @@ def load_hook(spec: str | None) -> MixtureHook | None:
 
 def call_hook(hook: MixtureHook, runtime: Any, info: MixtureStep) -> dict | None:
     """Run the hook for one step and, when it returns weights, make the step's change through
-    the rank's ``runtime`` (trainer/runtime.py; rank 0 says it once). Returns the change
+    the rank's ``runtime`` (trainer/launch/ray_runtime.py; rank 0 says it once). Returns the change
     (client/mixture_record.py record + ``schedule_index``) or None."""
     weights = hook(info)
     if weights is None:

@@ -18,9 +18,9 @@ import os
 from typing import Any
 
 from packfeed.service.face import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
-from packfeed.trainer.attention import select_attention
-from packfeed.trainer.train_config import TINY_PREFIX, ModelConfig, tiny_suggestion
-from packfeed.trainer.tiny_models import TINY_FAMILIES, tiny_config
+from packfeed.trainer.model.attention import select_attention
+from packfeed.trainer.run_config import TINY_PREFIX, ModelConfig, tiny_suggestion
+from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from packfeed.service.face import (
     check_selector,
     close_match,
 )
-from packfeed.trainer.attention import ATTENTION_CHOICES
-from packfeed.trainer.dpo_loss import DpoLoss
-from packfeed.trainer.tiny_models import TINY_FAMILIES
+from packfeed.trainer.model.attention import ATTENTION_CHOICES
+from packfeed.trainer.objective.dpo_loss import DpoLoss
+from packfeed.trainer.model.tiny import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 SHARDINGS = ("ddp", "fsdp")
@@ -45,9 +45,9 @@ class ModelConfig:
 
     ``name``: a Hugging Face id, a local directory (a ``save_pretrained`` output), or
     ``tiny-<family>`` (``tiny-llama``, ``tiny-qwen3``, ...): a random-weight model built from
-    ``packfeed.trainer.tiny_models.tiny_config`` with the tokenizer's vocabulary, where
+    ``packfeed.trainer.model.tiny.tiny_config`` with the tokenizer's vocabulary, where
     ``overrides`` replace config fields (``hidden_size = 128``). ``attn``: an attention
-    back-end of ``packfeed.trainer.attention.ATTENTION_CHOICES``.
+    back-end of ``packfeed.trainer.model.attention.ATTENTION_CHOICES``.
     """
 
     name: str
@@ -89,16 +89,16 @@ class TrainConfig:
     (its memory bound; 0: max(2048, 4 x the rows of a step)); a restarted group that needs rows
     it no longer holds gets them packed again from the window holding them.
     ``mixture_hook``: "module:function" every rank calls after each step to change the data
-    mixture from the training loop (trainer/mixture_hook.py); None: the mixture is the config's.
+    mixture from the training loop (trainer/loop/mixture_hook.py); None: the mixture is the config's.
 
     ``objective``: "sft" (the token mean of the causal-LM loss) or "dpo" (preference pairs,
-    trainer/dpo.py: the pair mean of the ``dpo_loss_type`` loss, "sigmoid" or "ipo", with
+    trainer/objective/dpo.py: the pair mean of the ``dpo_loss_type`` loss, "sigmoid" or "ipo", with
     ``dpo_beta`` and, for sigmoid, ``dpo_label_smoothing``). ``dpo_reference``: the frozen
     reference model, "initial" (the weights the run starts from, also after a resume) or a
     model name as ``[model] name`` takes (a local directory, a Hub id). The ``dpo_*`` keys are
     for objective "dpo" only.
 
-    Memory (trainer/parallelize.py, trainer/loss_head.py, trainer/memory_plan.py):
+    Memory (trainer/model/parallelize.py, trainer/objective/loss_head.py, trainer/model/memory_plan.py):
     ``sharding``: "ddp" (every rank holds the whole model, its gradients and AdamW states) or
     "fsdp" (FSDP2: ``fully_shard`` per decoder layer and the root, each rank holds 1/world of
     the fp32 weights, gradients and states; with ``precision`` bf16 the layers compute in bf16
@@ -192,7 +192,7 @@ class TrainConfig:
 
     @property
     def dpo_loss(self) -> Any:
-        """The DPO objective's loss (``packfeed.trainer.dpo_loss.DpoLoss``) of these settings."""
+        """The DPO objective's loss (``packfeed.trainer.objective.dpo_loss.DpoLoss``) of these settings."""
         return DpoLoss(beta=float(self.dpo_beta), loss_type=self.dpo_loss_type,
                        label_smoothing=float(self.dpo_label_smoothing))
 
@@ -219,7 +219,7 @@ class TrainScaling:
     ``packfeed/role`` defaults when the cluster's nodes carry that label, nothing otherwise.
     ``trainer_resources``: custom resources each train worker asks for (e.g. {"gpu_slot" = 1}).
     ``gpu_memory_gb``: the memory of one train worker's GPU, for the memory plan
-    (trainer/memory_plan.py); None: the driver's GPU when it has one, else 80 GB for
+    (trainer/model/memory_plan.py); None: the driver's GPU when it has one, else 80 GB for
     ``use_gpu = "yes"``, else (a CPU run) the host's memory per worker.
     """
 

@@ -1,14 +1,14 @@
 """The training loop every rank runs (``train_rank``), under Ray Train
-(``train_loop_per_worker``) or torchrun (trainer/torchrun.py): what differs is the
-``Runtime`` (trainer/runtime.py) that gives the rank its rows and keeps its checkpoints.
+(``train_loop_per_worker``) or torchrun (trainer/launch/torchrun.py): what differs is the
+``Runtime`` (trainer/launch/ray_runtime.py) that gives the rank its rows and keeps its checkpoints.
 
-The model is built and laid out first (trainer/parallelize.py: activation checkpointing, then
+The model is built and laid out first (trainer/model/parallelize.py: activation checkpointing, then
 FSDP2 or DDP), then loaded from the runtime's checkpoint when it has one (a restarted worker
 group, ``--resume``). Each step: this rank's micro-batches of the step (the next step is
 already requested, so rows are read while the model computes; padding rows fill the last
 step), ``to_model_inputs`` on the device, ``train_step`` (token mean over the whole step; with
 ``[train] objective = "dpo"``, ``dpo_micro_batch`` and the pair mean against a frozen reference
-model, trainer/dpo.py), the loss through the chunked head (trainer/loss_head.py).
+model, trainer/objective/dpo.py), the loss through the chunked head (trainer/objective/loss_head.py).
 Every ``log_every`` steps every rank gives its figures and rank 0 writes a metrics record
 (progress line + metrics.jsonl, with each rank's memory); every ``checkpoint_every`` steps and
 at the last step every rank checkpoints (``_checkpoint``). At the end rank 0 saves the model
@@ -33,15 +33,15 @@ from typing import Any
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service.face import adopt_faults, fault_point
-from packfeed.trainer.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
-from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
-from packfeed.trainer.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
+from packfeed.trainer.state.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
+from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
 from packfeed.trainer.feeder import STOP
-from packfeed.trainer.mixture_hook import MixtureStep, call_hook, load_hook
-from packfeed.trainer.train_metrics import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
-from packfeed.trainer.model import build_model, flops_per_token, load_shards_from_rank0
-from packfeed.trainer.optim import build_optimizer
-from packfeed.trainer.parallelize import (
+from packfeed.trainer.loop.mixture_hook import MixtureStep, call_hook, load_hook
+from packfeed.trainer.loop.interval import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
+from packfeed.trainer.model.builder import build_model, flops_per_token, load_shards_from_rank0
+from packfeed.trainer.loop.optim import build_optimizer
+from packfeed.trainer.model.parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
     apply_sharding,
@@ -49,10 +49,10 @@ from packfeed.trainer.parallelize import (
     memory_figures,
     unwrapped,
 )
-from packfeed.trainer.run_dir import path, save_final_model
-from packfeed.trainer.runtime import RayRuntime
-from packfeed.trainer.train_state import TrainState
-from packfeed.trainer.step import accumulate_gradients, train_step
+from packfeed.trainer.state.run_dir import path, save_final_model
+from packfeed.trainer.launch.ray_runtime import RayRuntime
+from packfeed.trainer.state.train_state import TrainState
+from packfeed.trainer.objective.step import accumulate_gradients, train_step
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def train_loop_per_worker(config: dict) -> None:
 
 def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) -> None:
     """The training loop of one rank (see the module docstring), under any launcher:
-    ``runtime`` (trainer/runtime.py) gives its rank, device, rows, checkpoints."""
+    ``runtime`` (trainer/launch/ray_runtime.py) gives its rank, device, rows, checkpoints."""
     import torch
 
     train, seq_len = run.train, run.data.seq_len
@@ -164,7 +164,7 @@ def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) ->
 
 def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) -> tuple[Any, Any]:
     """(the model to train, laid out by ``[train] sharding`` and ``activation_checkpointing``
-    (trainer/parallelize.py); the frozen DPO reference, sharded the same way, or None). Under
+    (trainer/model/parallelize.py); the frozen DPO reference, sharded the same way, or None). Under
     fsdp a pretrained model is read by rank 0 alone and every other rank receives its shards
     (``load_shards_from_rank0``); a tiny model is built whole on every rank, from the same seed.
     Under ddp the model stays unwrapped here: a checkpoint loads into it first."""
@@ -250,8 +250,8 @@ def _quiet_rank_logs(rank: int) -> None:
     from transformers.utils import logging as hf_logging
 
     if rank != 0:
-        for name in ("packfeed.trainer.model", "packfeed.trainer.attention", "packfeed.trainer.dpo",
-                     "packfeed.trainer.memory_plan"):
+        for name in ("packfeed.trainer.model.builder", "packfeed.trainer.model.attention", "packfeed.trainer.objective.dpo",
+                     "packfeed.trainer.model.memory_plan"):
             logging.getLogger(name).setLevel(logging.WARNING)
     hf_logging.disable_progress_bar()
 

@@ -14,7 +14,7 @@ into one record (rank 0 writes it). Figures, each over the interval since the la
   gradients and optimizer states (a shard of each under fsdp), at the interval's end;
 - ``mfu``: model FLOPs utilisation on GPU (6N + attention FLOPs per token, PaLM's estimate,
   against the GPU's dense bf16 peak), None on CPU or an unknown GPU;
-- objective "dpo" only (trainer/dpo.py): ``pairs`` (preference pairs of all ranks),
+- objective "dpo" only (trainer/objective/dpo.py): ``pairs`` (preference pairs of all ranks),
   ``reward_chosen``, ``reward_rejected``, ``reward_margin`` and ``reward_accuracy`` (means of
   the steps' pair means; a reward is beta times the policy/reference log-ratio).
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from packfeed.service.face import is_remote, write_bytes_atomic
-from packfeed.trainer.run_dir import read_text
+from packfeed.trainer.state.run_dir import read_text
 
 # Dense bf16 peak FLOP/s by device-name substring.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}

@@ -39,12 +39,12 @@ from typing import Any, Iterator
 import pyarrow.fs as pafs
 
 from packfeed.service.face import StorageError, classify, display, exists, is_remote, join, listing, match, resolve
-from packfeed.trainer.parallelize import is_sharded, unwrapped
-from packfeed.trainer.run_dir import ray_storage, read_text
+from packfeed.trainer.model.parallelize import is_sharded, unwrapped
+from packfeed.trainer.state.run_dir import ray_storage, read_text
 
 STATE_FILE = "trainer_state.json"
 RUN_NAME = "ray"  # Ray Train's run directory under --output
-CHECKPOINTS_DIR = "checkpoints"  # a torchrun job's checkpoints under --output (trainer/torchrun.py)
+CHECKPOINTS_DIR = "checkpoints"  # a torchrun job's checkpoints under --output (trainer/launch/torchrun.py)
 MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (delivery/manifest.py), under --output
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
 SCAN_CACHE = "scan.npz"  # the inputs' scan manifest (inputs/scan_cache.py), under --output
@@ -151,7 +151,7 @@ def latest_checkpoint(output: str | Path) -> str | Path | None:
     None: the one with the most completed steps of those Ray Train registered under ``ray/``
     (its snapshot; what ``ray.train.get_checkpoint()`` gives the workers of a new fit, so that
     a checkpoint whose upload was cut short is never picked; without a snapshot, every one)
-    and those a torchrun job published under ``checkpoints/`` (trainer/torchrun.py: renamed
+    and those a torchrun job published under ``checkpoints/`` (trainer/launch/torchrun.py: renamed
     there once whole), so a run may change launchers between resumes."""
     found = [_latest_of_ray(join(os.fspath(output), RUN_NAME)),
              _latest_in(join(os.fspath(output), CHECKPOINTS_DIR))]

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from packfeed.client.rows import IGNORE_INDEX
-from packfeed.trainer.parallelize import unwrapped
+from packfeed.trainer.model.parallelize import unwrapped
 
 # Keys of a micro-batch dict that are not model inputs: the labels, and DPO's pair indices
-# (trainer/dpo.py PAIR_KEYS).
+# (trainer/objective/dpo.py PAIR_KEYS).
 NON_MODEL_KEYS = ("labels", "chosen_segments", "rejected_segments")
 
 # The CausalLM class whose forward runs -> what it does to ``lm_head``'s output, read in the

@@ -4,14 +4,14 @@
                    [--num-workers N] [--output DIR] [--resume [auto] | --overwrite] [--address ADDR]
 
 The config file (TOML or JSON) holds ``[data]`` (the DataConfig of ``packfeed pack``),
-``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.train_config``); the data flags
+``[model]``, ``[train]`` and ``[scaling]`` (see ``packfeed.trainer.run_config``); the data flags
 of ``packfeed pack`` and the flags below override it. SIGTERM or SIGINT stop the run after a
-checkpoint (exit 143 / 130; ``packfeed.trainer.run``): continue it with ``--resume``.
+checkpoint (exit 143 / 130; ``packfeed.trainer.launch.ray_driver``): continue it with ``--resume``.
 
 ``--launcher torchrun`` runs this process as one rank of a torchrun (or srun) job, without Ray,
-on a packed directory or a ``packfeed serve`` (``--server``): ``packfeed.trainer.torchrun``.
+on a packed directory or a ``packfeed serve`` (``--server``): ``packfeed.trainer.launch.torchrun``.
 
-``--plan`` prints the per-GPU memory estimate of the run (``packfeed.trainer.memory_plan``) and
+``--plan`` prints the per-GPU memory estimate of the run (``packfeed.trainer.model.memory_plan``) and
 exits 0 when it fits, 2 when not, reading only the model's config.json: no Ray, no data. A run
 checks the same plan before Ray starts (``--no-memory-check`` starts it anyway).
 """
@@ -27,10 +27,10 @@ from packfeed.service.face import (
     parse_pairs,
     resolve_output,
 )
-from packfeed.trainer.memory_plan import plan_memory
-from packfeed.trainer.run import train
-from packfeed.trainer.torchrun import train_torchrun
-from packfeed.trainer.train_config import RunConfig
+from packfeed.trainer.model.memory_plan import plan_memory
+from packfeed.trainer.launch.ray_driver import train
+from packfeed.trainer.launch.torchrun import train_torchrun
+from packfeed.trainer.run_config import RunConfig
 
 HELP = "pack and train a causal LM on the packed rows (Ray Train or torchrun; DDP or FSDP2)"
 ORDER = 2

@@ -3,13 +3,13 @@
 A pair is one sample with two segments in one packed row (client/rows.py, ``pair_roles``). The
 policy and the reference run once each on the packed micro-batch; ``segment_logps`` turns their
 logits into per-segment sums (with ``chunk_tokens`` > 0, the chunked loss head's per-token
-log-probs, trainer/loss_head.py, and ``segment_sums``: never the full logits) and
+log-probs, trainer/objective/loss_head.py, and ``segment_sums``: never the full logits) and
 ``pair_logps`` gathers them per pair, so a pair's log-ratio is exactly what it would be run
 alone (tests/models/test_dpo_packed.py checks it, gradients too).
 
-The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/dpo_loss.py.
+The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/objective/dpo_loss.py.
 
-Normalisation, as the SFT step's (trainer/step.py): the step's pairs are counted over every
+Normalisation, as the SFT step's (trainer/objective/step.py): the step's pairs are counted over every
 micro-batch and rank (one all_reduce) BEFORE any backward, and each micro-batch backpropagates
 ``sum of its pair losses * world_size / pairs of the step``; DDP's gradient mean over ranks
 then gives exactly the gradient of the mean over all the step's pairs, however they were packed,
@@ -30,11 +30,11 @@ from typing import Any, Mapping, Sequence
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import PackedRows
-from packfeed.trainer.dpo_loss import DpoLoss
-from packfeed.trainer.loss_head import trained_token_logps
-from packfeed.trainer.model import build_model
-from packfeed.trainer.step import StepResult, backward_micro_batches
-from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig
+from packfeed.trainer.objective.dpo_loss import DpoLoss
+from packfeed.trainer.objective.loss_head import trained_token_logps
+from packfeed.trainer.model.builder import build_model
+from packfeed.trainer.objective.step import StepResult, backward_micro_batches
+from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig
 
 logger = logging.getLogger(__name__)
 

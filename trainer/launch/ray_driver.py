@@ -5,9 +5,9 @@
     PackingPipeline (packing actors, CPU) -> RowFeeder actor (RowHub + the serve contract) -> N
     train workers (TorchTrainer; DDP or FSDP2): get_step(rank, step) -> to_model_inputs -> train_step
 
-The same ranks' loop runs without Ray under torchrun (trainer/torchrun.py). Before Ray starts
+The same ranks' loop runs without Ray under torchrun (trainer/launch/torchrun.py). Before Ray starts
 the driver checks what it can (output, resume, tokenizer, model, the loss head's family, the
-memory plan: trainer/memory_plan.py), so a mistake is one line, not a failure in every worker.
+memory plan: trainer/model/memory_plan.py), so a mistake is one line, not a failure in every worker.
 
 A train worker that dies (SIGKILL, OOM) is restarted by Ray Train (``[train] max_failures``)
 from the latest checkpoint; the feeder, owned by the driver, serves the restarted ranks the
@@ -20,16 +20,16 @@ what cost): ``metrics.jsonl``, ``loss.png``, ``summary.json``, Ray Train's check
 tokenizer), which appears whole or not at all (written aside, then published). The inputs'
 scan manifest is kept there too (``scan.npz``): a resume reads no input to plan.
 
-SIGTERM or SIGINT stop a run in order (``trainer/stopping.py``): ``trainer.fit()`` runs in a
+SIGTERM or SIGINT stop a run in order (``trainer/launch/signals.py``): ``trainer.fit()`` runs in a
 thread while the main thread waits in short slices; the first signal asks the feeder to stop
 every rank after the same step, the ranks checkpoint it, the driver says where it stopped and
 raises ``Terminated`` / ``KeyboardInterrupt`` (the CLI exits 143 / 130); a second signal ends
 the run at once.
 
 The driver only sequences the run; the parts live beside it: what the output holds and what a
-checkpoint may continue (trainer/resume.py, before Ray starts), the checkpoint's trainer state
-(trainer/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py ``StreamFeeder``), the
-rank's loop (trainer/worker.py), the summary's figures and lines (trainer/train_metrics.py).
+checkpoint may continue (trainer/state/resume.py, before Ray starts), the checkpoint's trainer state
+(trainer/state/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py ``StreamFeeder``), the
+rank's loop (trainer/loop/rank.py), the summary's figures and lines (trainer/loop/interval.py).
 """
 
 from __future__ import annotations
@@ -58,17 +58,17 @@ from packfeed.service.face import (
     ray_initialised as ray_is_up,
     run_failure,
 )
-from packfeed.trainer.attention import check_attention, ray_workers_device
-from packfeed.trainer.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
-from packfeed.trainer.train_config import INITIAL_REFERENCE, ModelConfig, RunConfig
+from packfeed.trainer.model.attention import check_attention, ray_workers_device
+from packfeed.trainer.state.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
+from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
-from packfeed.trainer.memory_plan import check_memory_plan
-from packfeed.trainer.train_metrics import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
-from packfeed.trainer.loss_head import check_loss_head
-from packfeed.trainer.mixture_hook import load_hook
-from packfeed.trainer.model import check_model
-from packfeed.trainer.train_placement import check_placement, packing_scaling
-from packfeed.trainer.resume import (
+from packfeed.trainer.model.memory_plan import check_memory_plan
+from packfeed.trainer.loop.interval import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
+from packfeed.trainer.objective.loss_head import check_loss_head
+from packfeed.trainer.loop.mixture_hook import load_hook
+from packfeed.trainer.model.builder import check_model
+from packfeed.trainer.launch.ray_placement import check_placement, packing_scaling
+from packfeed.trainer.state.resume import (
     check_packed_dir,
     check_resume,
     finished,
@@ -76,10 +76,10 @@ from packfeed.trainer.resume import (
     read_train_state,
     saved_summary,
 )
-from packfeed.trainer.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE, location, path, publish_final, ray_storage, write_json
-from packfeed.trainer.train_state import TrainState
-from packfeed.trainer.stopping import StopSignals
-from packfeed.trainer.worker import train_loop_per_worker
+from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE, location, path, publish_final, ray_storage, write_json
+from packfeed.trainer.state.train_state import TrainState
+from packfeed.trainer.launch.signals import StopSignals
+from packfeed.trainer.loop.rank import train_loop_per_worker
 
 logger = logging.getLogger(__name__)
 
