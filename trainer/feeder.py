@@ -63,8 +63,7 @@ from packfeed.service.face import (
     rank_batch,
     split_micro_batches,
 )
-from packfeed.trainer.state.checkpoint import MANIFEST_FILE
-from packfeed.trainer.state.run_dir import path
+from packfeed.trainer.state.run_dir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +202,26 @@ def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:
     return manifest
 
 
+def over_stream(stream: Any, *, manifest_path: str | None, saved_manifest: dict | None) -> dict[str, Any]:
+    """RowFeeder's arguments that come from a RowStream (``open_stream``: a packing pipeline's
+    or a packed directory's): its reader, its manifest (``load_manifest``: the run's file at
+    ``manifest_path``, or none, merged with a checkpoint's copy), its seq_len, config hash,
+    stats and mixture control (attached to the manifest: the checkpoint's changes, then the
+    loop's new ones)."""
+    manifest = load_manifest(stream.manifest_key, manifest_path, saved_manifest)
+    stream.seed_manifest(manifest)
+    if stream.mixture is not None:
+        stream.mixture.attach(manifest)
+    return {"open_reader": stream.open_reader, "manifest": manifest, "seq_len": stream.seq_len,
+            "config_hash": stream.config_hash, "stats": stream.stats, "mixture": stream.mixture}
+
+
+def stream_sources(stream: Any) -> list[tuple[str, int]]:
+    """(name, first global sample id) of every source of a RowStream, in config order: the
+    mixture hook's."""
+    return [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
+
+
 class StreamFeeder(RowFeeder):
     """The run's RowFeeder, built inside its actor over the run's stream (``open_stream``): the
     packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir.
@@ -216,15 +235,9 @@ class StreamFeeder(RowFeeder):
         adopt_faults(faults_env)
         loaded = SampleTokenizer(tokenizer, loss=config.loss, add_eos=config.add_eos, backend=config.tokenizer_backend)
         stream = open_stream(packed_or_plan, config, tokenizer=loaded, scaling=scaling)
-        manifest = load_manifest(stream.manifest_key, path(output, MANIFEST_FILE), saved_manifest)
-        stream.seed_manifest(manifest)
-        if stream.mixture is not None:  # the checkpoint's mixture changes, then the loop's new ones
-            stream.mixture.attach(manifest)
-        self._sources = [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
-        super().__init__(
-            stream.open_reader, manifest, seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
-            state=state, stats=stream.stats, mixture=stream.mixture, **layout,
-        )
+        self._sources = stream_sources(stream)
+        super().__init__(**over_stream(stream, manifest_path=RunDir(output).manifest, saved_manifest=saved_manifest),
+                         pad_id=pad_id, state=state, **layout)
 
     def sources(self) -> list[tuple[str, int]]:
         """(name, first global sample id) of every source, in config order: the mixture hook's."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -117,7 +118,14 @@ def ray_run(config, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("ray") / "run"
     code, out = Train(config, output).ended()
     assert code == 0, out[-3000:]
+    output.with_suffix(".log").write_text(out)
     return output
+
+
+def summary_labels(out: str) -> list[str]:
+    """The labels of the closing summary's lines (interval.py ``format_summary``), in order."""
+    block = out[out.index("\nsteps  "):].splitlines()[1:]
+    return [line.split("  ")[0] for line in block[:block.index(next(x for x in block if x.startswith("final model")))+1]]
 
 
 def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, packed, ray_run, tmp_path):
@@ -138,7 +146,14 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
     assert (output / "final" / "tokenizer.json").exists()
     assert not {"raylet", "gcs_server"} & run.names, f"the torchrun job started Ray: {sorted(run.names)}"
     summary = json.loads((output / "summary.json").read_text())
-    assert summary["launcher"] == "torchrun"
+    ray_summary = json.loads((ray_run / "summary.json").read_text())
+    assert (summary["launcher"], ray_summary["launcher"]) == ("torchrun", "ray")
+    # one end of a run for both launchers (launch/finish.py): the same keys, the same lines printed
+    assert sorted(summary) == sorted(ray_summary)
+    assert summary["stream_rows"] == ray_summary["stream_rows"] and summary["final_step"] == STEPS
+    assert summary_labels(out) == summary_labels(ray_run.with_suffix(".log").read_text())
+    training = re.compile(r"^training \S+ on .+, 4 rows of 256 per step, steps 0->8 -> ", re.M)
+    assert training.search(out) and training.search(ray_run.with_suffix(".log").read_text())
     # both launchers report the packed directory's own packing (it used to read "0.0% (0 rows packed)")
     packed_stats = json.loads((packed / ".packfeed" / "stats.json").read_text())
     for run_summary in (summary, json.loads((ray_run / "summary.json").read_text())):

@@ -26,10 +26,10 @@ every rank after the same step, the ranks checkpoint it, the driver says where i
 raises ``Terminated`` / ``KeyboardInterrupt`` (the CLI exits 143 / 130); a second signal ends
 the run at once.
 
-The driver only sequences the run; the parts live beside it: what the output holds and what a
-checkpoint may continue (trainer/state/resume.py, before Ray starts), the checkpoint's trainer state
-(trainer/state/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py ``StreamFeeder``), the
-rank's loop (trainer/loop/rank.py), the summary's figures and lines (trainer/loop/interval.py).
+The driver only sequences the run; the parts live beside it: the checks before Ray starts and
+the end of the run, shared with torchrun (launch/prechecks.py, launch/finish.py), the checkpoint's
+trainer state (trainer/state/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py
+``StreamFeeder``), the rank's loop (trainer/loop/rank.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from packfeed.service.face import (
     PackedDir,
@@ -53,33 +53,20 @@ from packfeed.service.face import (
     init_ray,
     is_remote,
     joins_a_cluster,
-    load_tokenizer_for,
     preflight,
     ray_initialised as ray_is_up,
-    run_failure,
 )
-from packfeed.trainer.model.attention import check_attention, ray_workers_device
-from packfeed.trainer.state.checkpoint import RUN_NAME, SCAN_CACHE, latest_checkpoint
-from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.feeder import StreamFeeder
-from packfeed.trainer.model.memory_plan import check_memory_plan
-from packfeed.trainer.loop.interval import PACKED_OUTPUT, READER, format_summary, packing_figures, plot_loss, read_jsonl, summarize
-from packfeed.trainer.objective.loss_head import check_loss_head
-from packfeed.trainer.loop.mixture_hook import load_hook
-from packfeed.trainer.model.builder import check_model
+from packfeed.trainer.launch.finish import RunEnd, finish_run
+from packfeed.trainer.launch.prechecks import Opened, Prechecked, check_run, open_output, training_line
 from packfeed.trainer.launch.ray_placement import check_placement, packing_scaling
-from packfeed.trainer.state.resume import (
-    check_packed_dir,
-    check_resume,
-    finished,
-    prepare_output,
-    read_train_state,
-    saved_summary,
-)
-from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE, location, path, publish_final, ray_storage, write_json
-from packfeed.trainer.state.train_state import TrainState
 from packfeed.trainer.launch.signals import StopSignals
+from packfeed.trainer.loop.interval import PACKED_OUTPUT, READER, packing_figures
 from packfeed.trainer.loop.rank import train_loop_per_worker
+from packfeed.trainer.model.attention import check_attention, ray_workers_device
+from packfeed.trainer.run_config import RunConfig
+from packfeed.trainer.state.resume import check_packed_dir
+from packfeed.trainer.state.run_dir import FINAL_STATE, RunDir, location, ray_storage, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -123,36 +110,34 @@ def _train(run: RunConfig, *, output: str | Path, address: str | None, resume: b
     workers = ray_workers_device(run.scaling.use_gpu, embedded=not joins_a_cluster(address) and not ray_is_up())
     if workers is not None:  # a back-end the workers' CPU cannot run: said now, not by every worker after Ray
         check_attention(run.model.attn, *workers)
-    resume_from, clear_previous = prepare_output(output, resume=resume, overwrite=overwrite)
-    state = read_train_state(resume_from) if resume_from is not None else None
-    tokenizer = load_tokenizer_for(run.data, snapshot=False)
+    opened = open_output(run, output, resume=resume, overwrite=overwrite)
     packed = find_packed_dir(run.data.inputs)
-    load_hook(run.train.mixture_hook)  # a hook that cannot be imported fails here, not in every worker
     ray = _RunRay(address, signals)
+    checked: list[Prechecked] = []
 
-    def check_run(packed_or_plan: Any) -> bool:
-        return _check_run(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
-                          no_memory_check=no_memory_check)
+    def check(packed_or_plan: Any) -> bool:  # False: a resumed run that is finished
+        checked.append(check_run(run, opened, output=output, packed_or_plan=packed_or_plan,
+                                 no_memory_check=no_memory_check))
+        return checked[-1].done is None
 
     if packed is not None:  # pack once, train many: the rows are served as they are
         if run.train.mixture_hook is not None:
             raise ValueError("[train] mixture_hook changes the mixture, and a packed directory's rows are fixed: "
                              "train on the data config, or pack again with [[data.schedule]] entries")
-        check_packed_dir(display(packed.path), packed.info, run.data.seq_len, tokenizer)
+        check_packed_dir(display(packed.path), packed.info, run.data.seq_len, opened.tokenizer)
         print(f"training on the packed directory {display(packed.path)} as it is ({packed.num_rows:,} rows)",
               flush=True)
-        if not check_run(packed):
-            return saved_summary(output, state)
+        if not check(packed):
+            return checked[-1].done
         ray.start()
         packed_or_plan = packed
     else:  # as pack and serve: the plan, then what the inputs hold and the chat template on them
-        checked = preflight(run.data, ray, scan_cache=path(output, SCAN_CACHE), tokenizer=tokenizer,
-                            check_plan=check_run)
-        if checked is None:
-            return saved_summary(output, state)
-        packed_or_plan = checked.plan
-    return _fit(run, packed_or_plan, tokenizer, output=output, resume_from=resume_from, state=state,
-                clear_previous=clear_previous, signals=signals)
+        preflighted = preflight(run.data, ray, scan_cache=RunDir(output).scan_cache, tokenizer=opened.tokenizer,
+                                check_plan=check)
+        if preflighted is None:
+            return checked[-1].done
+        packed_or_plan = preflighted.plan
+    return _fit(run, packed_or_plan, opened, output=output, signals=signals)
 
 
 class _RunRay(RayStart):
@@ -176,52 +161,59 @@ class _RunRay(RayStart):
         self.signals.check()
 
 
-def _check_run(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | Path,
-               resume_from: str | Path | None, state: TrainState | None, no_memory_check: bool) -> bool:
-    """The run's own checks before Ray (the resume against ``packed_or_plan``, the model, the
-    loss head, the memory plan); False when a resumed run is finished (said: nothing to do)."""
-    packed = packed_or_plan if isinstance(packed_or_plan, PackedDir) else None
-    if state is not None:
-        check_resume(state, run, packed=None if packed is None else packed.info,
-                     plan=packed_or_plan if packed is None else None)
-        done = finished(state, run)
-        if done is not None:
-            logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", display(str(output)), done[0],
-                        display(str(resume_from)), done[1])
-            return False
-        print(f"resuming from {display(str(resume_from))} at step {state.step}, stream cursor "
-              f"{state.cursor}", flush=True)
-    model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
-    check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
-    if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
-        check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
-    check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)  # ValueError when it does not fit, before Ray
-    return True
-
-
-def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | Path, resume_from: str | Path | None,
-         state: TrainState | None, signals: StopSignals, clear_previous=None) -> dict[str, Any]:
+def _fit(run: RunConfig, packed_or_plan: Any, opened: Opened, *, output: str | Path,
+         signals: StopSignals) -> dict[str, Any]:
+    """The feeder actor and Ray Train's TorchTrainer over ``packed_or_plan`` (the checks
+    passed, Ray up); then the end of the run (launch/finish.py)."""
     # Ray is imported here, not at the top: ``import packfeed.trainer`` and the checks before Ray
     # starts stay free of Ray's import (about 2 s).
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
-    from ray.train import RunConfig as RayRunConfig
-    from ray.train.torch import TorchTrainer
 
     use_gpu = run.scaling.use_gpu == "yes" or (
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
     placement = check_placement(run.scaling, use_gpu=use_gpu)
     signals.check()  # a stop asked until now leaves the previous run as it was
-    if clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
-        clear_previous()
+    if opened.clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
+        opened.clear_previous()
+    files = RunDir(output)
     if is_remote(str(output)):
-        delete_prefix(path(output, FINAL_PARTIAL))  # a run cut short while writing it
+        delete_prefix(files.final_partial)  # a run cut short while writing it
     else:
         output.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(output / FINAL_PARTIAL, ignore_errors=True)
-    write_json(path(output, "config.json"), run.to_dict())
-    world = run.scaling.num_workers
+        shutil.rmtree(files.final_partial, ignore_errors=True)
+    write_json(files.config, run.to_dict())
+    feeder = _start_feeder(run, packed_or_plan, opened, placement=placement, output=output)
+    trainer = _torch_trainer(run, feeder, opened, use_gpu=use_gpu, placement=placement, output=output)
+    start_step = 0 if opened.state is None else opened.state.step
+    on = f"{run.scaling.num_workers} worker(s) ({'GPU' if use_gpu else 'CPU'})"
+    print(training_line(run, on=on, start_step=start_step, output=output), flush=True)
+    signals.check()
+    started = time.perf_counter()
+    _fit_until_done_or_stopped(trainer, feeder, signals, start_step)
+    reader = ray.get(feeder.packing_stats.remote())
+    total_rows = ray.get(feeder.total_rows.remote())
+    ray.kill(feeder)
+    restarts = reader.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted
+    ranks_stopped = signals.requested and not exists(files.file(RunDir.FINAL_PARTIAL, FINAL_STATE))
+    summary = finish_run(run, output, opened.tokenizer, RunEnd(
+        launcher="ray", started=started, packing=_packing(packed_or_plan, reader), reader=reader,
+        stream_rows=total_rows, reader_restarts=restarts, stopped_by=signals.name if ranks_stopped else None))
+    if "failed" in summary:  # as pack does: the model trained, but on what the user ruled out
+        raise ValueError(summary["failed"])
+    if signals.requested:
+        if not ranks_stopped:
+            logger.info("%s came as the run ended: it is complete (%s)", signals.name, summary["final_model"])
+        raise signals.exception()
+    return summary
+
+
+def _start_feeder(run: RunConfig, packed_or_plan: Any, opened: Opened, *, placement: Any, output: str | Path) -> Any:
+    """The run's feeder actor (trainer/feeder.py ``StreamFeeder``), started: one that cannot
+    start fails here, as itself, not in every worker."""
+    import ray
+
+    world, tokenizer, state = run.scaling.num_workers, opened.tokenizer, opened.state
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
@@ -231,23 +223,35 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
         pad_id=tokenizer.pad_id, tokenizer=tokenizer.ship(),
         state=None if state is None else state.stream, saved_manifest=None if state is None else state.manifest,
     )
-    ray.get(feeder.total_rows.remote())  # a feeder that cannot start fails here, as itself, not in every worker
+    ray.get(feeder.total_rows.remote())
+    return feeder
+
+
+def _torch_trainer(run: RunConfig, feeder: Any, opened: Opened, *, use_gpu: bool, placement: Any,
+                   output: str | Path) -> Any:
+    """Ray Train's TorchTrainer of the run: ``num_workers`` ranks running ``train_loop_per_worker``,
+    its checkpoints under ``<output>/ray`` (keep_checkpoints), ``max_failures`` restarts."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, ScalingConfig
+    from ray.train import RunConfig as RayRunConfig
+    from ray.train.torch import TorchTrainer
+
     ray_train_env()
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
             "run": run.to_dict(), "feeder": feeder, "output": str(output),
-            "resume_from": str(resume_from) if resume_from else None,
-            "pad_id": tokenizer.pad_id, "vocab_size": tokenizer.vocab_size, "faults": faults_environment(),
+            "resume_from": None if opened.resume_from is None else str(opened.resume_from),
+            "pad_id": opened.tokenizer.pad_id, "vocab_size": opened.tokenizer.vocab_size,
+            "faults": faults_environment(),
         },
         scaling_config=ScalingConfig(
-            num_workers=world, use_gpu=use_gpu,
+            num_workers=run.scaling.num_workers, use_gpu=use_gpu,
             resources_per_worker={"CPU": run.scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}),
                                   **run.scaling.trainer_resources},
             label_selector=placement.trainer or None,
         ),
         run_config=RayRunConfig(
-            name=RUN_NAME, **ray_storage(output),
+            name=RunDir.RAY, **ray_storage(output),
             checkpoint_config=CheckpointConfig(num_to_keep=run.train.keep_checkpoints),
             failure_config=FailureConfig(max_failures=run.train.max_failures),
             # the controller's and workers' INFO lines (resources requested, worker group started,
@@ -255,52 +259,17 @@ def _fit(run: RunConfig, packed_or_plan: Any, tokenizer: Any, *, output: str | P
             logging_config=LoggingConfig(log_level="WARNING"),
         ),
     )
-    start_step = 0 if state is None else state.step
-    print(f"training {run.model.name} on {world} worker(s) ({'GPU' if use_gpu else 'CPU'}), "
-          f"{world * run.train.grad_accum * run.train.micro_batch_rows} rows of {run.data.seq_len} per step, "
-          f"steps {start_step}->{run.train.last_step} -> {display(str(output))}", flush=True)
-    signals.check()
-    started = time.perf_counter()
-    _fit_until_done_or_stopped(trainer, feeder, signals, start_step)
-    packing = ray.get(feeder.packing_stats.remote())
-    total_rows = ray.get(feeder.total_rows.remote())
-    ray.kill(feeder)
 
-    records = read_jsonl(path(output, "metrics.jsonl"))
-    summary = summarize(records)
-    summary["wall_seconds"] = time.perf_counter() - started
-    summary["packing"] = (packing_figures(packed_or_plan.info.get("stats"), origin=PACKED_OUTPUT)
-                          if isinstance(packed_or_plan, PackedDir) else packing_figures(packing, origin=READER))
-    if summary["packing"] is not None and packing.get("sources"):
-        summary["packing"]["sources"] = packing["sources"]
-    summary["stream_rows"] = total_rows  # rows of the whole stream (all epochs), when the reader reached its end
-    summary["reader_restarts"] = packing.pop("reader_restarts", 0)  # >0: a restarted group needed rows evicted
-    if signals.requested and not exists(path(output, FINAL_PARTIAL, FINAL_STATE)):
-        _stopped(run, output, summary, records, signals)  # the ranks stopped before the end
-    final_step = publish_final(output, tokenizer)
-    summary["final_step"] = final_step
-    if final_step < run.train.last_step:
-        summary["stopped_early"] = (
-            f"data exhausted at step {final_step} of {run.train.last_step} ({total_rows:,} rows in "
-            f"{run.data.epochs} epoch(s)); the learning-rate schedule was planned for {run.train.max_steps} steps: "
-            "raise [data] epochs (or lower max_steps)"
-        )
-        print(f"WARNING stopped_early: {summary['stopped_early']}", flush=True)
-    summary["final_model"] = display(path(output, FINAL_DIR))
-    if records:
-        plot_loss(records, path(output, "loss.png"))
-    # the windows this run's reader packed (none: a packed directory, or a finished run resumed)
-    failure = run_failure(packing, run.data.max_skip_fraction) if packing.get("samples_read") else None
-    if failure is not None:  # as pack does: the model trained, but on what the user ruled out
-        summary["failed"] = failure
-    write_json(path(output, "summary.json"), summary)
-    print(format_summary(summary), flush=True)
-    if failure is not None:
-        raise ValueError(failure)
-    if signals.requested:
-        logger.info("%s came as the run ended: it is complete (%s)", signals.name, summary["final_model"])
-        raise signals.exception()
-    return summary
+
+def _packing(packed_or_plan: Any, reader: dict) -> dict[str, Any] | None:
+    """The summary's packing figures: a packed directory's own stats.json, or the windows this
+    run's reader packed (with each source's)."""
+    if isinstance(packed_or_plan, PackedDir):
+        return packing_figures(packed_or_plan.info.get("stats"), origin=PACKED_OUTPUT)
+    figures = packing_figures(reader, origin=READER)
+    if figures is not None and reader.get("sources"):
+        figures["sources"] = reader["sources"]
+    return figures
 
 
 def _fit_until_done_or_stopped(trainer: Any, feeder: Any, signals: StopSignals, start_step: int) -> None:
@@ -344,18 +313,3 @@ def _fit_until_done_or_stopped(trainer: Any, feeder: Any, signals: StopSignals, 
                         "stops at once", signals.name, step)
     if failure:
         raise failure[0]
-
-
-def _stopped(run: RunConfig, output: str | Path, summary: dict[str, Any], records: list, signals: StopSignals) -> NoReturn:
-    """A run stopped by a signal: write what is true (the summary marked ``stopped``, the loss
-    curve), say where it stopped and how to continue, and raise the signal's exception."""
-    checkpoint = latest_checkpoint(output)  # the stop step's: every rank trained at least one step
-    step = read_train_state(checkpoint).step
-    summary["stopped"] = {"signal": signals.name, "step": step, "checkpoint": display(str(checkpoint))}
-    if records:
-        plot_loss(records, path(output, "loss.png"))
-    write_json(path(output, "summary.json"), summary)
-    print(format_summary(summary), flush=True)
-    logger.info("stopped at step %d of %d (%s): checkpoint %s; continue with `packfeed train ... --resume` (the same "
-                "config and --output)", step, run.train.last_step, signals.name, summary["stopped"]["checkpoint"])
-    raise signals.exception()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from packfeed.service.face import MixtureRefused
-from packfeed.trainer.state.checkpoint import local_copy
+from packfeed.trainer.state.checkpoint import checkpoint_name, local_copy
 
 
 class Runtime(Protocol):
@@ -119,4 +119,4 @@ class RayRuntime:
             ray.train.report(metrics)
         else:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(directory)),
-                             checkpoint_dir_name=f"checkpoint_{step:06d}")
+                             checkpoint_dir_name=checkpoint_name(step))

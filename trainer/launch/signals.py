@@ -11,14 +11,21 @@ asks the feeder for an orderly stop on the first signal and gives up on the seco
 
 The stop ends the run with the exception the CLI maps to the signal's exit status:
 ``Terminated`` (SIGTERM, 143) or ``KeyboardInterrupt`` (SIGINT, 130).
+
+Under torchrun (``StopSignals(forwarded=True)``) each rank's handlers only record: the launcher
+forwards the signal the process group got to every rank, so a later signal is the same request,
+never an urgent one; the ranks agree on the stop step themselves (launch/torchrun.py).
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 
 from packfeed.service.face import Terminated
+
+logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -26,11 +33,13 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopSignals:
     """Context manager: SIGTERM/SIGINT handlers of the main thread for its duration (the previous
     ones come back on exit). In another thread it installs nothing (Python allows handlers in
-    the main thread only) and no signal is ever seen."""
+    the main thread only) and no signal is ever seen. ``forwarded``: torchrun's mode (see the
+    module docstring): recorded from the start, the first signal only."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, forwarded: bool = False) -> None:
         self.received: list[int] = []
-        self._deferred = False
+        self.forwarded = forwarded
+        self._deferred = forwarded
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -44,6 +53,11 @@ class StopSignals:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
+        if self.forwarded:
+            if not self.received:
+                self.received.append(signum)
+                logger.info("%s: every rank stops after the step it is in, with a checkpoint", self.name)
+            return
         self.received.append(signum)
         if not self._deferred:
             raise self.exception()

@@ -37,7 +37,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,29 +44,27 @@ from typing import Any, Iterator
 import grpc
 
 from packfeed.client.rows import PackedRows
-from packfeed.client.state import StreamState
 from packfeed.client.stream import PackedStream, StreamError
 from packfeed.service.face import (
     MixtureRefused,
-    Terminated,
     display,
     find_packed_dir,
     is_remote,
-    load_tokenizer,
     packed_dir_stream,
     split_micro_batches,
 )
-from packfeed.trainer.model.attention import check_attention
-from packfeed.trainer.state.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
-from packfeed.trainer.run_config import RunConfig
-from packfeed.trainer.feeder import STOP, RowFeeder, load_manifest
-from packfeed.trainer.objective.loss_head import check_loss_head
-from packfeed.trainer.model.memory_plan import check_memory_plan
-from packfeed.trainer.loop.interval import PACKED_OUTPUT, format_summary, packing_figures, plot_loss, read_jsonl, summarize
-from packfeed.trainer.model.builder import check_model
-from packfeed.trainer.state.resume import check_packed_dir, check_resume, finished, prepare_output, read_train_state, saved_summary
-from packfeed.trainer.state.run_dir import publish_final, write_json
+from packfeed.trainer.feeder import STOP, RowFeeder, over_stream, stream_sources
+from packfeed.trainer.launch.finish import RunEnd, finish_run
+from packfeed.trainer.launch.prechecks import Opened, Prechecked, check_run, open_output, training_line
+from packfeed.trainer.launch.signals import StopSignals
+from packfeed.trainer.loop.interval import PACKED_OUTPUT, packing_figures
 from packfeed.trainer.loop.rank import train_rank
+from packfeed.trainer.model.attention import check_attention
+from packfeed.trainer.run_config import RunConfig
+from packfeed.trainer.state.checkpoint import CHECKPOINT_PREFIX, checkpoint_name
+from packfeed.trainer.state.resume import check_packed_dir
+from packfeed.trainer.state.run_dir import RunDir, write_json
+from packfeed.trainer.state.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -76,20 +73,19 @@ PARTIAL_PREFIX = ".partial-"  # a checkpoint being written: not matched by check
 
 class DirectoryRows:
     """A packed directory's rows for one rank, read in this process by the serve contract
-    (a RowFeeder of its own over the directory: the rows of rank k of step s are those of Ray's
-    feeder actor). ``state``: the checkpoint's stream state and manifest (None: the start)."""
+    (a RowFeeder over the directory's stream, as Ray's feeder actor is: the rows of rank k of
+    step s are the actor's). ``state``: the checkpoint's trainer state (None: the start)."""
 
     def __init__(self, packed: Any, run: RunConfig, *, world_size: int, rank: int, pad_id: int,
-                 state: dict | None) -> None:
+                 state: TrainState | None) -> None:
         stream = packed_dir_stream(packed.path, packed.info)
-        manifest = load_manifest(stream.manifest_key, None, (state or {}).get("manifest"))
-        stream.seed_manifest(manifest)
         self.rank = rank
-        self.feeder = RowFeeder(stream.open_reader, manifest, world_size=world_size,
-                                grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows,
-                                seq_len=stream.seq_len, pad_id=pad_id, config_hash=stream.config_hash,
-                                state=(state or {}).get("stream"), capacity=run.feeder_buffer_rows)
-        self.sources_ = [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
+        self.feeder = RowFeeder(**over_stream(stream, manifest_path=None,
+                                              saved_manifest=None if state is None else state.manifest),
+                                world_size=world_size, grad_accum=run.train.grad_accum,
+                                micro_rows=run.train.micro_batch_rows, pad_id=pad_id,
+                                state=None if state is None else state.stream, capacity=run.feeder_buffer_rows)
+        self.sources_ = stream_sources(stream)
 
     def get(self, step: int) -> list[PackedRows] | None:
         return self.feeder.get_step(self.rank, step)
@@ -100,6 +96,10 @@ class DirectoryRows:
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
         return self.feeder.set_mixture(step, weights)
 
+    def figures(self) -> dict[str, Any]:
+        """The summary's stream figures (finish.py ``RunEnd``), as Ray's feeder actor gives them."""
+        return {"stream_rows": self.feeder.total_rows(), "reader_restarts": self.feeder.hub.restarts}
+
     def close(self) -> None:
         self.feeder.hub.close()
 
@@ -109,14 +109,12 @@ class ServerRows:
     are the rank's rows of consecutive steps (``grad_accum x micro_batch_rows`` rows each);
     ``state``: the checkpoint's stream state (the client's exactly-once record)."""
 
-    def __init__(self, target: str, run: RunConfig, *, world_size: int, rank: int, state: dict | None,
+    def __init__(self, target: str, run: RunConfig, *, world_size: int, rank: int, state: TrainState | None,
                  token: str | None, tls_ca: str | None, tls_server_name: str | None) -> None:
-
         self.grad_accum = run.train.grad_accum
-        self.first_step = StreamState.resume_from((state or {}).get("stream")).step
         self.stream = PackedStream(target, rank=rank, world_size=world_size,
                                    batch_rows=run.train.grad_accum * run.train.micro_batch_rows,
-                                   state=(state or {}).get("stream"), token=token, tls_ca=tls_ca,
+                                   state=None if state is None else state.stream, token=token, tls_ca=tls_ca,
                                    tls_server_name=tls_server_name)
         info = self.stream.describe()
         if info.seq_len != run.data.seq_len:
@@ -143,38 +141,19 @@ class ServerRows:
                 raise MixtureRefused(exc.details) from None
             raise
 
+    def figures(self) -> dict[str, Any]:
+        """The summary's stream figures: the server's stream has no end this client knows of."""
+        return {"stream_rows": None, "reader_restarts": 0}
+
     def close(self) -> None:
         self.stream.close()
-
-
-class StopFlag:
-    """SIGTERM / SIGINT ask for a stop; every later signal is the same request (torchrun
-    forwards the one the process group already got). ``name``: the first signal's."""
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.name is None:
-            self.name = signal.Signals(signum).name
-            logger.info("%s: every rank stops after the step it is in, with a checkpoint", self.name)
 
 
 class TorchrunRuntime:
     """One torchrun rank's runtime (trainer/launch/ray_runtime.py): ``source`` its rows (``DirectoryRows``
     or ``ServerRows``), checkpoints under ``<output>/checkpoints``, the stop agreed by all ranks."""
 
-    def __init__(self, source: Any, *, output: Path, resume_from: Path | None, keep: int, stop: StopFlag,
+    def __init__(self, source: Any, *, output: Path, resume_from: Path | None, keep: int, stop: StopSignals,
                  rank: int, world_size: int, device: Any) -> None:
         self.source, self.output, self.resume_from, self.keep, self.stop = source, output, resume_from, keep, stop
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -187,7 +166,7 @@ class TorchrunRuntime:
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1.0 if self.stop.name else 0.0], device=self.device)
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():
             self.stopped_at = step
@@ -212,8 +191,8 @@ class TorchrunRuntime:
         it once all have written (a barrier), then drops the oldest beyond ``keep``."""
         import torch.distributed as dist
 
-        root = self.output / CHECKPOINTS_DIR
-        name = f"checkpoint_{step:06d}"
+        root = self.output / RunDir.CHECKPOINTS
+        name = checkpoint_name(step)
         partial = root / f"{PARTIAL_PREFIX}{name}"
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # a previous attempt's, cut short
@@ -224,7 +203,7 @@ class TorchrunRuntime:
         if self.rank == 0:
             shutil.rmtree(root / name, ignore_errors=True)
             os.rename(partial, root / name)
-            for old in sorted(root.glob("checkpoint_*"))[:-self.keep]:
+            for old in sorted(root.glob(f"{CHECKPOINT_PREFIX}*"))[:-self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
 
@@ -293,104 +272,66 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
     check_attention(run.model.attn, device)  # every rank the same line, before the process group and any row
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        with StopFlag() as stop:
-            checked = [_checks(run, output, packed=packed, server=server, resume=resume, overwrite=overwrite,
-                               no_memory_check=no_memory_check) if rank == 0 else None]
-            dist.broadcast_object_list(checked, src=0)
-            checked = checked[0]
-            if checked["error"]:
-                raise ValueError(checked["error"])
-            if checked["done"] is not None:
-                return checked["done"] if rank == 0 else None
-            resume_from = Path(checked["resume_from"]) if checked["resume_from"] else None
-            state = checked["state"]
+        with StopSignals(forwarded=True) as stop:
+            opened, verdict = _checks(run, output, packed=packed, server=server, resume=resume, overwrite=overwrite,
+                                      no_memory_check=no_memory_check) if rank == 0 else (None, None)
+            shared = [verdict]  # rank 0's Prechecked, or the line of what its checks refused
+            dist.broadcast_object_list(shared, src=0)
+            checked = shared[0]
+            if isinstance(checked, str):
+                raise ValueError(checked)
+            if checked.done is not None:
+                return checked.done if rank == 0 else None
             if server is None:
-                source = DirectoryRows(packed, run, world_size=world, rank=rank, pad_id=checked["pad_id"], state=state)
+                source = DirectoryRows(packed, run, world_size=world, rank=rank, pad_id=checked.pad_id,
+                                       state=checked.state)
             else:
-                source = ServerRows(server, run, world_size=world, rank=rank, state=state, token=token, tls_ca=tls_ca,
-                                    tls_server_name=tls_server_name)
+                source = ServerRows(server, run, world_size=world, rank=rank, state=checked.state, token=token,
+                                    tls_ca=tls_ca, tls_server_name=tls_server_name)
+            resume_from = None if checked.resume_from is None else Path(checked.resume_from)
             runtime = TorchrunRuntime(source, output=output, resume_from=resume_from, keep=run.train.keep_checkpoints,
                                       stop=stop, rank=rank, world_size=world, device=device)
             started = time.perf_counter()
             try:
-
-                train_rank(run, runtime, output=str(output), vocab_size=checked["vocab_size"])
+                train_rank(run, runtime, output=str(output), vocab_size=checked.vocab_size)
+                figures = source.figures()
             finally:
                 source.close()
-            summary = _finish(run, output, packed, runtime, started) if rank == 0 else None
+            summary = None
+            if rank == 0:
+                packing = None if packed is None else packing_figures(packed.info.get("stats"), origin=PACKED_OUTPUT)
+                summary = finish_run(run, output, opened.tokenizer, RunEnd(
+                    launcher="torchrun", started=started, packing=packing, **figures,
+                    stopped_by=stop.name if runtime.stopped_at is not None else None))
             dist.barrier()
             if runtime.stopped_at is not None:
-                raise KeyboardInterrupt if stop.name == "SIGINT" else Terminated()
+                raise stop.exception()
             return summary
     finally:
         dist.destroy_process_group()
 
 
 def _checks(run: RunConfig, output: Path, *, packed: Any, server: str | None, resume: bool | str, overwrite: bool,
-            no_memory_check: bool) -> dict[str, Any]:
-    """Rank 0's checks before any rank builds a model, as the Ray driver makes them: {"error":
-    a user's line or None, "done": a finished run's summary or None, "resume_from", "state",
-    "vocab_size", "pad_id"}. A process torchrun restarted resumes from the latest checkpoint."""
+            no_memory_check: bool) -> tuple[Opened | None, Prechecked | str]:
+    """Rank 0's checks before any rank builds a model, the Ray driver's (launch/prechecks.py):
+    (what it opened, the ``Prechecked`` every rank receives) or (None, the line of what they
+    refused). A process torchrun restarted resumes from the latest checkpoint."""
     try:
         if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
             resume, overwrite = "auto", False  # torchrun started the job again after a rank died
-        resume_from, clear_previous = prepare_output(output, resume=resume, overwrite=overwrite)
-        state = read_train_state(resume_from) if resume_from is not None else None
-        tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
-                                   backend=run.data.tokenizer_backend)
+        opened = open_output(run, output, resume=resume, overwrite=overwrite)
         if packed is not None:
-            check_packed_dir(display(packed.path), packed.info, run.data.seq_len, tokenizer)
-        if state is not None:
-            if packed is not None:  # a server checks the stream state it is given itself
-                check_resume(state, run, packed=packed.info, plan=None)
-            done = finished(state, run)
-            if done is not None:
-                logger.info("%s is finished, nothing to do: %s (checkpoint %s); %s", output, done[0], resume_from,
-                            done[1])
-                return {"error": None, "done": saved_summary(output, state)}
-            print(f"resuming from {resume_from} at step {state.step}, stream cursor {state.cursor}", flush=True)
-        model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)  # not in every train worker, after Ray
-        check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
-        check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
-        if clear_previous is not None:
-            clear_previous()
-        output.mkdir(parents=True, exist_ok=True)
-        write_json(str(output / "config.json"), run.to_dict())
-        where = f"the packed directory {packed.path}" if packed is not None else f"the server at {server}"
-        print(f"training {run.model.name} on {run.scaling.num_workers} rank(s) (torchrun) from {where}, "
-              f"{run.scaling.num_workers * run.train.grad_accum * run.train.micro_batch_rows} rows of "
-              f"{run.data.seq_len} per step, steps {state.step if state else 0}->{run.train.last_step} -> {output}",
-              flush=True)
-        return {"error": None, "done": None, "resume_from": str(resume_from) if resume_from else None,
-                "state": state.to_dict() if state is not None else None, "vocab_size": tokenizer.vocab_size,
-                "pad_id": tokenizer.pad_id}
+            check_packed_dir(display(packed.path), packed.info, run.data.seq_len, opened.tokenizer)
+        checked = check_run(run, opened, output=output, packed_or_plan=packed, no_memory_check=no_memory_check)
+        if checked.done is None:
+            if opened.clear_previous is not None:
+                opened.clear_previous()
+            output.mkdir(parents=True, exist_ok=True)
+            write_json(RunDir(output).config, run.to_dict())
+            where = f"the packed directory {packed.path}" if packed is not None else f"the server at {server}"
+            print(training_line(run, on=f"{run.scaling.num_workers} rank(s) (torchrun) from {where}",
+                                start_step=0 if checked.state is None else checked.state.step, output=output),
+                  flush=True)
+        return opened, checked
     except ValueError as exc:
-        return {"error": str(exc), "done": None}
-
-
-def _finish(run: RunConfig, output: Path, packed: Any, runtime: TorchrunRuntime, started: float) -> dict[str, Any]:
-    """Rank 0 after the loop: the summary (``stopped`` when a signal stopped the run), the loss
-    curve, ``final/`` with the tokenizer."""
-    records = read_jsonl(str(output / "metrics.jsonl"))
-    summary = summarize(records)
-    summary["wall_seconds"] = time.perf_counter() - started
-    summary["launcher"] = "torchrun"
-    if packed is not None:
-        stats = packed.info.get("stats", {})
-        summary["packing"] = packing_figures(stats, origin=PACKED_OUTPUT)
-    if runtime.stopped_at is not None:
-        checkpoint = latest_checkpoint(output)
-        summary["stopped"] = {"signal": runtime.stop.name, "step": runtime.stopped_at, "checkpoint": str(checkpoint)}
-        logger.info("stopped at step %d of %d (%s): checkpoint %s; continue with `packfeed train ... --launcher "
-                    "torchrun --resume` (the same config and --output)", runtime.stopped_at, run.train.last_step,
-                    runtime.stop.name, checkpoint)
-    else:
-        tokenizer = load_tokenizer(run.data.tokenizer, loss=run.data.loss, add_eos=run.data.add_eos,
-                                   backend=run.data.tokenizer_backend)
-        summary["final_step"] = publish_final(output, tokenizer)
-        summary["final_model"] = str(output / "final")
-    if records:
-        plot_loss(records, str(output / "loss.png"))
-    write_json(str(output / "summary.json"), summary)
-    print(format_summary(summary), flush=True)
-    return summary
+        return None, str(exc)

@@ -22,13 +22,14 @@ without a final model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
@@ -49,8 +50,8 @@ from packfeed.trainer.model.parallelize import (
     memory_figures,
     unwrapped,
 )
-from packfeed.trainer.state.run_dir import path, save_final_model
-from packfeed.trainer.launch.ray_runtime import RayRuntime
+from packfeed.trainer.state.run_dir import RunDir, save_final_model
+from packfeed.trainer.launch.ray_runtime import RayRuntime, Runtime
 from packfeed.trainer.state.train_state import TrainState
 from packfeed.trainer.objective.step import accumulate_gradients, train_step
 
@@ -70,19 +71,46 @@ def train_loop_per_worker(config: dict) -> None:
     train_rank(run, runtime, output=config["output"], vocab_size=config["vocab_size"])
 
 
-def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) -> None:
+@dataclasses.dataclass
+class _Trainee:
+    """One rank's model and what trains it: ``model`` as built (what checkpoints save),
+    ``trained`` what the step runs (DDP-wrapped under ddp), the optimizer and schedule, the
+    objective's ``to_inputs`` and ``accumulate`` (trainer/objective/), the autocast dtype."""
+
+    model: Any
+    trained: Any
+    optimizer: Any
+    scheduler: Any
+    to_inputs: Callable[..., Any]
+    accumulate: Callable[..., Any]
+    autocast: Any
+
+
+def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int) -> None:
     """The training loop of one rank (see the module docstring), under any launcher:
     ``runtime`` (trainer/launch/ray_runtime.py) gives its rank, device, rows, checkpoints."""
     import torch
 
-    train, seq_len = run.train, run.data.seq_len
-    rank, world, device = runtime.rank, runtime.world_size, runtime.device
+    rank, device = runtime.rank, runtime.device
     _quiet_rank_logs(rank)
     if device.type == "cpu":
         # Workers share the CPUs with the packing actors: one intra-op thread each.
         torch.set_num_threads(max(1, int(run.scaling.cpus_per_worker)))
+    trainee, start = _set_up(run, runtime, vocab_size=vocab_size)
+    if rank == 0:
+        keep_records_until(RunDir(output).metrics, start)
+    step, stopped = _train_steps(run, runtime, trainee, start=start, output=output)
+    if not stopped:
+        whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
+        if rank == 0:
+            save_final_model(trainee.model, output, step, state_dict=whole if is_sharded(trainee.model) else None)
 
-    model, reference = _build_models(run, vocab_size=vocab_size, device=device, rank=rank)
+
+def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trainee, int]:
+    """(the rank's model laid out, its optimizer and objective, restored from the runtime's
+    checkpoint when it has one; the step it starts at)."""
+    train, device = run.train, runtime.device
+    model, reference = _build_models(run, vocab_size=vocab_size, device=device, rank=runtime.rank)
     to_inputs, accumulate = to_model_inputs, accumulate_gradients
     if reference is not None:
         to_inputs = dpo_micro_batch
@@ -94,23 +122,24 @@ def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) ->
         if directory is not None:
             record = load_checkpoint(directory, model=model, optimizer=optimizer, scheduler=scheduler)
             step = TrainState.from_dict(record).step
-    trained = apply_sharding(model, "ddp", device=device) if train.sharding == "ddp" else model
-    autocast = _autocast_dtype(train.precision, device) if train.sharding == "ddp" else None
-    fpt = flops_per_token(model, seq_len)
-    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    log = functools.partial(_log, rank=rank, output=output, max_steps=train.max_steps, device=device,
-                            flops_per_token=fpt, peak_total=peak * world if peak else None)
+    ddp = train.sharding == "ddp"
+    trained = apply_sharding(model, "ddp", device=device) if ddp else model
+    autocast = _autocast_dtype(train.precision, device) if ddp else None
+    return _Trainee(model, trained, optimizer, scheduler, to_inputs, accumulate, autocast), step
 
-    last, start_step = train.last_step, step
+
+def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: int, output: str) -> tuple[int, bool]:
+    """Train from step ``start`` to the last step, the stream's end or the stop: (the steps
+    completed, whether the run was stopped). Checkpoints where the loop ended when that step has
+    none yet."""
+    train, rank = run.train, runtime.rank
+    log = _interval_logger(run, runtime, trainee, output=output)
     hook = load_hook(train.mixture_hook)
     sources = runtime.sources() if hook is not None else []
-    if rank == 0:
-        keep_records_until(path(output, "metrics.jsonl"), start_step)
+    step, last, reported, stopped = start, train.last_step, -1, False
     if step < last:
         runtime.request_rows(step)
-    window = MetricsWindow()
-    lr = float(optimizer.param_groups[0]["lr"])
-    reported, stopped = -1, False
+    window, lr = MetricsWindow(), float(trainee.optimizer.param_groups[0]["lr"])
     while step < last:
         wait_start = time.perf_counter()
         rows = runtime.rows(step)
@@ -118,48 +147,68 @@ def train_rank(run: RunConfig, runtime: Any, *, output: str, vocab_size: int) ->
         if rows is None or rows == STOP:
             # The stream ended, or the run stops: every rank sees it at the same step.
             if window.steps:
-                log(window, step=step, lr=lr, memory=memory_figures(model, optimizer, device))
+                log(window, step=step, lr=lr)
             stopped = rows == STOP
             if rank == 0 and not stopped:
                 logger.warning("stopped_early: data exhausted at step %d of %d", step, last)
             break
         if step + 1 < last:
             runtime.request_rows(step + 1)
-        micro = [to_inputs(r, device=device) for r in rows]
-        lr = float(optimizer.param_groups[0]["lr"])
-        result = train_step(trained, optimizer, scheduler, micro, grad_clip=train.grad_clip, autocast_dtype=autocast,
-                            accumulate=accumulate)
+        micro = [trainee.to_inputs(r, device=runtime.device) for r in rows]
+        lr = float(trainee.optimizer.param_groups[0]["lr"])
+        result = train_step(trainee.trained, trainee.optimizer, trainee.scheduler, micro, grad_clip=train.grad_clip,
+                             autocast_dtype=trainee.autocast, accumulate=trainee.accumulate)
         step += 1
         if hook is not None:  # every rank: the step's change is made once
             call_hook(hook, runtime, MixtureStep(
-                step=step, rank=rank, world_size=world, loss=result.loss, rows=rows, inputs=micro, model=model,
-                sources=tuple(name for name, _ in sources), first_ids=tuple(first for _, first in sources)))
+                step=step, rank=rank, world_size=runtime.world_size, loss=result.loss, rows=rows, inputs=micro,
+                model=trainee.model, sources=tuple(name for name, _ in sources),
+                first_ids=tuple(first for _, first in sources)))
         if train.objective == "dpo":
             check_pairs_trained(result, rows, step)
         window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
-                   slots=sum(r.num_rows for r in rows) * seq_len, data_wait=wait, pairs=result.pairs,
+                   slots=sum(r.num_rows for r in rows) * run.data.seq_len, data_wait=wait, pairs=result.pairs,
                    rewards=result.rewards)
         if train.record_rows:
-            append_jsonl(path(output, "rows", f"rank{rank}.jsonl"), {
-                "step": step, "rank": rank, "loss": result.loss, "pid": os.getpid(),
-                "row_index": [int(i) for r in rows for i in r.row_index],
-                "sample_ids": [int(s) for r in rows for s in r.sample_ids if s != PAD_SAMPLE_ID],
-            })
-        final = step == last
-        if step % train.log_every == 0 or final:
-            log(window, step=step, lr=lr, memory=memory_figures(model, optimizer, device))
+            _record_rows(output, rank=rank, step=step, loss=result.loss, rows=rows)
+        if step % train.log_every == 0 or step == last:
+            log(window, step=step, lr=lr)
             window = MetricsWindow()
-        if final or (train.checkpoint_every and step % train.checkpoint_every == 0):
-            _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=result.loss)
+        if step == last or (train.checkpoint_every and step % train.checkpoint_every == 0):
+            _checkpoint(trainee, runtime, step=step, run=run, loss=result.loss)
             reported = step
         fault_point("train-step", step, rank=rank)
-    if step > start_step and reported != step:
+    if step > start and reported != step:
         # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
-        _checkpoint(model, optimizer, scheduler, runtime, step=step, run=run, loss=float("nan"))
-    if not stopped:
-        whole = full_state_dict(model)  # a sharded model's: gathered on rank 0 (every rank takes part)
-        if rank == 0:
-            save_final_model(model, output, step, state_dict=whole if is_sharded(model) else None)
+        _checkpoint(trainee, runtime, step=step, run=run, loss=float("nan"))
+    return step, stopped
+
+
+def _record_rows(output: str, *, rank: int, step: int, loss: float, rows: list) -> None:
+    """``[train] record_rows``: the step's row indices and sample ids of this rank, for tests
+    and audits (``rows/rank<k>.jsonl``)."""
+    append_jsonl(RunDir(output).rows(rank), {
+        "step": step, "rank": rank, "loss": loss, "pid": os.getpid(),
+        "row_index": [int(i) for r in rows for i in r.row_index],
+        "sample_ids": [int(s) for r in rows for s in r.sample_ids if s != PAD_SAMPLE_ID],
+    })
+
+
+def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, output: str) -> Callable[..., None]:
+    """``log(window, step=, lr=)``: close a metrics interval with this rank's memory figures
+    (``_log``), its throughput against the model's FLOPs per token and the GPUs' peak."""
+    import torch
+
+    device = runtime.device
+    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    flops = flops_per_token(trainee.model, run.data.seq_len)
+
+    def log(window: MetricsWindow, *, step: int, lr: float) -> None:
+        _log(window, step=step, lr=lr, rank=runtime.rank, output=output, max_steps=run.train.max_steps,
+             device=device, flops_per_token=flops, peak_total=peak * runtime.world_size if peak else None,
+             memory=memory_figures(trainee.model, trainee.optimizer, device))
+
+    return log
 
 
 def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) -> tuple[Any, Any]:
@@ -221,16 +270,16 @@ def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str,
                           flops_per_token=flops_per_token, peak_flops_total=peak_total)
     record["memory"] = {"ranks": [dict(zip(MEMORY_KEYS, (int(x) for x in r.tolist()))) for r in ranks]}
     if rank == 0:
-        append_jsonl(path(output, "metrics.jsonl"), record)
+        append_jsonl(RunDir(output).metrics, record)
         logger.info(progress_line(record, max_steps))
 
 
-def _checkpoint(model: Any, optimizer: Any, scheduler: Any, runtime: Any, *, step: int, run: RunConfig,
-                loss: float) -> None:
+def _checkpoint(trainee: _Trainee, runtime: Runtime, *, step: int, run: RunConfig, loss: float) -> None:
     """A checkpoint of ``step``, on every rank (a collective): rank 0 writes the whole model or
     its shards, the scheduler and the trainer state (with the stream state after the step);
     under fsdp every other rank its own shards; then each reports what it wrote."""
     metrics = {"step": step, "loss": loss}
+    model = trainee.model
     if runtime.rank != 0 and not is_sharded(model):
         runtime.report(step, metrics, None)
         return
@@ -239,7 +288,7 @@ def _checkpoint(model: Any, optimizer: Any, scheduler: Any, runtime: Any, *, ste
         stream = runtime.stream_state(step)  # {"stream": the StreamState record, "manifest": ...}
         state = TrainState(step=step, stream=stream["stream"], manifest=stream["manifest"], config=run.to_dict())
     with tempfile.TemporaryDirectory() as tmp:
-        save_checkpoint(Path(tmp), model=unwrapped(model), optimizer=optimizer, scheduler=scheduler,
+        save_checkpoint(Path(tmp), model=unwrapped(model), optimizer=trainee.optimizer, scheduler=trainee.scheduler,
                         state=None if state is None else state.to_dict())
         runtime.report(step, metrics, Path(tmp))
 

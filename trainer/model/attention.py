@@ -202,6 +202,45 @@ def register_varlen_attention() -> str:
     return VARLEN
 
 
+def _check_varlen_call(query: Any, key: Any, attention_mask: Any, *, dropout: float, softcap: float | None,
+                       sinks: Any, cu_seq_lens_q: Any, cu_seq_lens_k: Any, max_length_q: int | None,
+                       max_length_k: int | None) -> None:
+    """What ``varlen_attention_forward`` refuses (its docstring's Raises), each in one line."""
+    missing = [
+        name
+        for name, arg in (
+            ("cu_seq_lens_q", cu_seq_lens_q),
+            ("cu_seq_lens_k", cu_seq_lens_k),
+            ("max_length_q", max_length_q),
+            ("max_length_k", max_length_k),
+        )
+        if arg is None
+    ]
+    if missing:
+        raise ValueError(
+            f"{VARLEN} attention needs {missing} to keep packed samples apart; build the model "
+            "inputs with packfeed.client.to_model_inputs(batch)"
+        )
+    if attention_mask is not None:
+        raise ValueError(
+            f"{VARLEN} attention got an attention_mask with padding: packed rows carry their "
+            "boundaries in cu_seq_lens_q/k, pass no attention_mask"
+        )
+    if softcap is not None or sinks is not None:
+        raise NotImplementedError(f"{VARLEN} attention supports neither softcap nor attention sinks")
+    if dropout:
+        raise ValueError(f"{VARLEN} attention has no attention dropout: set config.attention_dropout=0")
+
+    batch, seq_len = query.shape[0], query.shape[2]
+    if key.shape[2] != seq_len:
+        raise ValueError(f"{VARLEN} attention is for training without a KV cache: pass use_cache=False")
+    if cu_seq_lens_q.dim() != 1 or cu_seq_lens_q.numel() < batch + 1:
+        raise ValueError(
+            "cu_seq_lens_q must be 1-D global offsets over the B*L flattened tokens with a boundary "
+            f"at every row start (at least B+1={batch + 1} entries), got {tuple(cu_seq_lens_q.shape)}"
+        )
+
+
 def varlen_attention_forward(
     module: Any,
     query: Any,
@@ -233,40 +272,11 @@ def varlen_attention_forward(
     """
     import torch
 
-    missing = [
-        name
-        for name, arg in (
-            ("cu_seq_lens_q", cu_seq_lens_q),
-            ("cu_seq_lens_k", cu_seq_lens_k),
-            ("max_length_q", max_length_q),
-            ("max_length_k", max_length_k),
-        )
-        if arg is None
-    ]
-    if missing:
-        raise ValueError(
-            f"{VARLEN} attention needs {missing} to keep packed samples apart; build the model "
-            "inputs with packfeed.client.to_model_inputs(batch)"
-        )
-    if attention_mask is not None:
-        raise ValueError(
-            f"{VARLEN} attention got an attention_mask with padding: packed rows carry their "
-            "boundaries in cu_seq_lens_q/k, pass no attention_mask"
-        )
-    if softcap is not None or kwargs.get("s_aux") is not None:
-        raise NotImplementedError(f"{VARLEN} attention supports neither softcap nor attention sinks")
-    if dropout:
-        raise ValueError(f"{VARLEN} attention has no attention dropout: set config.attention_dropout=0")
-
+    _check_varlen_call(query, key, attention_mask, dropout=dropout, softcap=softcap, sinks=kwargs.get("s_aux"),
+                       cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k, max_length_q=max_length_q,
+                       max_length_k=max_length_k)
     batch, num_heads, seq_len, _ = query.shape
     num_kv_heads = key.shape[1]
-    if key.shape[2] != seq_len:
-        raise ValueError(f"{VARLEN} attention is for training without a KV cache: pass use_cache=False")
-    if cu_seq_lens_q.dim() != 1 or cu_seq_lens_q.numel() < batch + 1:
-        raise ValueError(
-            "cu_seq_lens_q must be 1-D global offsets over the B*L flattened tokens with a boundary "
-            f"at every row start (at least B+1={batch + 1} entries), got {tuple(cu_seq_lens_q.shape)}"
-        )
 
     def flat(x: Any) -> Any:  # [B, H, L, D] -> [B*L, H, D]
         return x.transpose(1, 2).reshape(batch * seq_len, x.shape[1], x.shape[-1])

@@ -40,14 +40,11 @@ import pyarrow.fs as pafs
 
 from packfeed.service.face import StorageError, classify, display, exists, is_remote, join, listing, match, resolve
 from packfeed.trainer.model.parallelize import is_sharded, unwrapped
-from packfeed.trainer.state.run_dir import ray_storage, read_text
+from packfeed.trainer.state.run_dir import RunDir, ray_storage, read_text
 
 STATE_FILE = "trainer_state.json"
-RUN_NAME = "ray"  # Ray Train's run directory under --output
-CHECKPOINTS_DIR = "checkpoints"  # a torchrun job's checkpoints under --output (trainer/launch/torchrun.py)
-MANIFEST_FILE = "stream_manifest.json"  # first row of every window packed (delivery/manifest.py), under --output
-RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in RUN_NAME
-SCAN_CACHE = "scan.npz"  # the inputs' scan manifest (inputs/scan_cache.py), under --output
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in ray/
+CHECKPOINT_PREFIX = "checkpoint_"  # checkpoint_<step, 6 digits>: Ray Train's and torchrun's alike
 SHARDED_DIR = "sharded"  # a sharded (FSDP2) checkpoint's model and optimizer, torch.distributed.checkpoint
 
 
@@ -146,6 +143,11 @@ def read_state(directory: str | Path) -> dict:
                          "--overwrite") from None
 
 
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint of ``step``, under either launcher."""
+    return f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
 def latest_checkpoint(output: str | Path) -> str | Path | None:
     """The checkpoint a resumed run starts from (a Path, or a URI when ``output`` is one), or
     None: the one with the most completed steps of those Ray Train registered under ``ray/``
@@ -153,8 +155,8 @@ def latest_checkpoint(output: str | Path) -> str | Path | None:
     a checkpoint whose upload was cut short is never picked; without a snapshot, every one)
     and those a torchrun job published under ``checkpoints/`` (trainer/launch/torchrun.py: renamed
     there once whole), so a run may change launchers between resumes."""
-    found = [_latest_of_ray(join(os.fspath(output), RUN_NAME)),
-             _latest_in(join(os.fspath(output), CHECKPOINTS_DIR))]
+    run = RunDir(output)
+    found = [_latest_of_ray(run.file(RunDir.RAY)), _latest_in(run.file(RunDir.CHECKPOINTS))]
     found = [f for f in found if f is not None]
     return max(found, key=lambda f: f[1])[0] if found else None
 
@@ -196,9 +198,9 @@ def _latest_in(run_dir: str) -> tuple[str | Path, int] | None:
 def _state_files(run_dir: str) -> list[str]:
     """The ``checkpoint_*/trainer_state.json`` under ``run_dir`` (on a store: one listing)."""
     if not is_remote(run_dir):
-        return [str(p) for p in Path(run_dir).glob(f"checkpoint_*/{STATE_FILE}")]
+        return [str(p) for p in Path(run_dir).glob(f"{CHECKPOINT_PREFIX}*/{STATE_FILE}")]
     return [info.uri for info in listing(run_dir, recursive=True)
-            if match(["checkpoint_*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
+            if match([f"{CHECKPOINT_PREFIX}*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
 
 
 @contextlib.contextmanager

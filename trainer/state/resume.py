@@ -24,16 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packfeed.service.face import display, join
-from packfeed.trainer.state.checkpoint import (
-    CHECKPOINTS_DIR,
-    MANIFEST_FILE,
-    RUN_NAME,
-    STATE_FILE,
-    latest_checkpoint,
-    read_state,
-)
+from packfeed.trainer.state.checkpoint import STATE_FILE, latest_checkpoint, read_state
 from packfeed.trainer.run_config import RunConfig
-from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_OLD, FINAL_PARTIAL, holds, path, read_text, remove
+from packfeed.trainer.state.run_dir import RunDir, read_text
 from packfeed.trainer.state.train_state import TrainState
 
 
@@ -43,7 +36,8 @@ def prepare_output(output: str | Path, *, resume: bool | str,
     The caller clears only once every other check has passed: a mistake never costs a run.
     ``resume="auto"`` resumes when there is a checkpoint, and otherwise starts afresh (clearing
     what an attempt that died before its first checkpoint left)."""
-    has_run = holds(output, RUN_NAME) or holds(output, CHECKPOINTS_DIR) or holds(output, "metrics.jsonl")
+    run = RunDir(output)
+    has_run = run.holds_a_run()
     found = latest_checkpoint(output) if resume else None
     if resume == "auto":
         if found is not None:
@@ -52,19 +46,14 @@ def prepare_output(output: str | Path, *, resume: bool | str,
     elif resume:
         if found is None:
             fix = "pass --overwrite (or --resume auto) to start it again" if has_run else "run without --resume first"
-            raise ValueError(f"--resume: no checkpoint under {display(path(output, RUN_NAME))}; {fix}")
+            raise ValueError(f"--resume: no checkpoint under {display(run.file(RunDir.RAY))}; {fix}")
         return found, None
     if not has_run:
         return None, None
     if not overwrite:
         raise ValueError(f"{display(str(output))} already holds a training run: pass --resume to continue it "
                          "or --overwrite")
-
-    def clear() -> None:  # the run's files, not the scan manifest: it describes the inputs
-        remove(output, (RUN_NAME, CHECKPOINTS_DIR, FINAL_DIR, FINAL_PARTIAL, FINAL_OLD, "rows", "metrics.jsonl", "summary.json",
-                        "loss.png", MANIFEST_FILE))
-
-    return None, clear
+    return None, run.clear_run
 
 
 def read_train_state(checkpoint: str | Path) -> TrainState:
@@ -94,7 +83,7 @@ def finished(state: TrainState, run: RunConfig) -> tuple[str, str] | None:
 
 def saved_summary(output: str | Path, state: TrainState) -> dict[str, Any]:
     """The summary a finished run wrote (``{"steps": ...}`` of its checkpoint when it has none)."""
-    text = read_text(path(output, "summary.json"))
+    text = read_text(RunDir(output).summary)
     return json.loads(text) if text is not None else {"steps": state.step}
 
 

@@ -15,6 +15,9 @@ file                          written by                              on an obje
 ``summary.json``, ``loss.png``  the driver, at the end                one PUT each
 ============================  ======================================  =============================================
 
+``RunDir`` names each of them once (and what ``--overwrite`` clears: everything but
+``scan.npz``); a checkpoint's own name is ``checkpoint.checkpoint_name``.
+
 A store has no rename: a ``final/`` is whole when its ``FINAL_STATE`` (written last) exists,
 and a new one replaces the old with that object deleted first; the ``.final.partial/`` it was
 copied from is deleted whole, its own ``name/`` key included (``remove_dir``).
@@ -22,6 +25,7 @@ copied from is deleted whole, its own ``name/`` key included (``remove_dir``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -47,12 +51,79 @@ from packfeed.service.face import (
     scrub,
     write_bytes_atomic,
 )
-FINAL_DIR = "final"  # the finished run's model and tokenizer, under --output
-# Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it is
-# renamed to FINAL_DIR, so a final/ that exists is complete.
-FINAL_PARTIAL = ".final.partial"
-FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in FINAL_DIR
-FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes its place
+FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in final/
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """The files and folders of one run under ``root`` (``--output``: a path or a URI), named
+    once: the module docstring's table. Each property is a path or a URI, as ``root`` is."""
+
+    CONFIG = "config.json"
+    METRICS = "metrics.jsonl"
+    SUMMARY = "summary.json"
+    PLOT = "loss.png"
+    ROWS = "rows"  # rows/rank<k>.jsonl: each rank's rows of every step ([train] record_rows)
+    RAY = "ray"  # Ray Train's run directory: its checkpoints and their snapshot
+    CHECKPOINTS = "checkpoints"  # a torchrun job's checkpoints (trainer/launch/torchrun.py)
+    MANIFEST = "stream_manifest.json"  # the first row of every window packed (delivery/manifest.py)
+    SCAN_CACHE = "scan.npz"  # the inputs' scan manifest (inputs/scan_cache.py)
+    FINAL = "final"  # the finished run's model and tokenizer
+    # Where the final model is written until it is whole (model, tokenizer, FINAL_STATE): then it
+    # becomes final/, so a final/ that exists is complete.
+    FINAL_PARTIAL = ".final.partial"
+    FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes its place
+    # What --overwrite clears: the previous run, not the scan manifest (it describes the inputs).
+    RUN_FILES = (CONFIG, RAY, CHECKPOINTS, FINAL, FINAL_PARTIAL, FINAL_OLD, ROWS, METRICS, SUMMARY, PLOT, MANIFEST)
+
+    root: str | Path
+
+    def file(self, *names: str) -> str:
+        """``names`` under the run's root."""
+        return path(self.root, *names)
+
+    @property
+    def config(self) -> str:
+        return self.file(self.CONFIG)
+
+    @property
+    def metrics(self) -> str:
+        return self.file(self.METRICS)
+
+    @property
+    def summary(self) -> str:
+        return self.file(self.SUMMARY)
+
+    @property
+    def plot(self) -> str:
+        return self.file(self.PLOT)
+
+    def rows(self, rank: int) -> str:
+        return self.file(self.ROWS, f"rank{rank}.jsonl")
+
+    @property
+    def manifest(self) -> str:
+        return self.file(self.MANIFEST)
+
+    @property
+    def scan_cache(self) -> str:
+        return self.file(self.SCAN_CACHE)
+
+    @property
+    def final(self) -> str:
+        return self.file(self.FINAL)
+
+    @property
+    def final_partial(self) -> str:
+        return self.file(self.FINAL_PARTIAL)
+
+    def holds_a_run(self) -> bool:
+        """Whether a run has written here (its checkpoints or its metrics)."""
+        return any(holds(self.root, name) for name in (self.RAY, self.CHECKPOINTS, self.METRICS))
+
+    def clear_run(self) -> None:
+        """Delete the previous run's files (``RUN_FILES``): what ``--overwrite`` clears."""
+        remove(self.root, self.RUN_FILES)
 
 
 def location(output: str | Path) -> str | Path:
@@ -130,7 +201,7 @@ def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: d
     Ray Train may have left half a model there), ``FINAL_STATE`` last: it says the model is whole.
     ``state_dict``: the whole model's weights when ``model`` holds only a shard of them
     (checkpoint.full_state_dict)."""
-    partial = path(output, FINAL_PARTIAL)
+    partial = RunDir(output).final_partial
     if not is_remote(partial):
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state_dict)
@@ -144,15 +215,16 @@ def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: d
 
 
 def publish_final(output: str | Path, tokenizer: Any) -> int:
-    """Complete the final model the workers wrote aside (``FINAL_PARTIAL``) with the tokenizer
+    """Complete the final model the workers wrote aside (``RunDir.final_partial``) with the tokenizer
     and make it ``final/``, so a ``final/`` that exists is whole; returns its step count. On
     disk a rename (a previous ``final/``, of a run stopped at ``stop_at_step`` and resumed, is
     renamed away first: deleted in place, it would be half a model for a while); on a store the
     old one's ``FINAL_STATE`` goes first, the new one's comes last."""
-    partial, final = path(output, FINAL_PARTIAL), path(output, FINAL_DIR)
+    run = RunDir(output)
+    partial, final = run.final_partial, run.final
     step = int(json.loads(read_text(path(partial, FINAL_STATE)))["step"])
     if not is_remote(partial):
-        old = path(output, FINAL_OLD)
+        old = run.file(RunDir.FINAL_OLD)
         tokenizer.tokenizer.save_pretrained(partial)
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(final):

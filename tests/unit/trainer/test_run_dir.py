@@ -12,11 +12,12 @@ import pytest
 from support.stores import keys, local_or_store, memory_store  # noqa: F401 - the fixtures "where", "store"
 
 from packfeed.service import storage
-from packfeed.trainer.state import run_dir
-from packfeed.trainer.state.checkpoint import RUN_NAME, STATE_FILE
-from packfeed.trainer.state.run_dir import FINAL_DIR, FINAL_PARTIAL, FINAL_STATE
-from packfeed.trainer.state.checkpoint import latest_checkpoint, local_copy, read_state
 from packfeed.trainer.loop.interval import append_jsonl, keep_records_until, read_jsonl
+from packfeed.trainer.state import run_dir
+from packfeed.trainer.state.checkpoint import STATE_FILE, latest_checkpoint, local_copy, read_state
+from packfeed.trainer.state.run_dir import FINAL_STATE, RunDir
+
+RUN_NAME, FINAL_DIR, FINAL_PARTIAL = RunDir.RAY, RunDir.FINAL, RunDir.FINAL_PARTIAL
 
 
 def put(uri: str, data: bytes) -> None:
@@ -24,6 +25,27 @@ def put(uri: str, data: bytes) -> None:
     if "://" not in uri:
         Path(uri).parent.mkdir(parents=True, exist_ok=True)
     storage.write_bytes_atomic(uri, data)
+
+
+def test_every_name_of_a_run_once_and_overwrite_keeps_only_the_scan_manifest(where):
+    """RunDir names each file and folder once; ``clear_run`` (--overwrite) deletes every one but
+    the inputs' scan manifest, and nothing a user put beside them, on disk and on a store."""
+    names = [value for key, value in vars(RunDir).items() if key.isupper() and isinstance(value, str)]
+    assert len(names) == len(set(names)) >= 12, names
+    assert set(RunDir.RUN_FILES) == set(names) - {RunDir.SCAN_CACHE}
+    run = RunDir(where)
+    assert (run.metrics, run.rows(3), run.final) == (storage.join(where, "metrics.jsonl"),
+                                                     storage.join(where, "rows", "rank3.jsonl"),
+                                                     storage.join(where, "final"))
+    for name in names:  # a file inside each, as a run leaves them (folders hold files)
+        put(run.file(name, "x") if name in (RunDir.RAY, RunDir.CHECKPOINTS, RunDir.ROWS, RunDir.FINAL,
+                                              RunDir.FINAL_PARTIAL, RunDir.FINAL_OLD) else run.file(name), b"1")
+    put(run.file("notes.txt"), b"mine")
+    assert run.holds_a_run()
+    run.clear_run()
+    assert not run.holds_a_run()
+    left = sorted(n for n in names + ["notes.txt"] if run_dir.holds(where, n))
+    assert left == sorted([RunDir.SCAN_CACHE, "notes.txt"])
 
 
 def test_metrics_records_on_a_store_append_and_trim_as_on_disk(where):
@@ -74,7 +96,7 @@ def test_the_final_model_is_published_whole_replacing_the_previous_one(where):
     assert names == sorted(["model.safetensors", "config.json", "tokenizer.json", FINAL_STATE])
     assert storage.read_bytes(storage.join(final, "model.safetensors")) == b"v2"
     assert json.loads(storage.read_bytes(storage.join(final, FINAL_STATE))) == {"step": 7}
-    assert not run_dir.holds(where, FINAL_PARTIAL) and not run_dir.holds(where, run_dir.FINAL_OLD)
+    assert not run_dir.holds(where, FINAL_PARTIAL) and not run_dir.holds(where, RunDir.FINAL_OLD)
 
 
 def test_a_previous_run_on_a_store_is_kept_until_cleared_and_its_scan_manifest_stays(store):

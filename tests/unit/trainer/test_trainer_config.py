@@ -149,9 +149,11 @@ def test_a_packed_directory_must_fit_the_run():
 def test_resume_auto_resumes_when_it_can_and_starts_otherwise(tmp_path):
     import json
 
-    from packfeed.trainer.state.checkpoint import RUN_NAME, STATE_FILE
+    from packfeed.trainer.state.checkpoint import STATE_FILE
     from packfeed.trainer.state.resume import prepare_output
+    from packfeed.trainer.state.run_dir import RunDir
 
+    RUN_NAME = RunDir.RAY
     out = tmp_path / "run"
     assert prepare_output(out, resume="auto", overwrite=False) == (None, None)  # nothing there: start
     (out / RUN_NAME).mkdir(parents=True)
