@@ -8,8 +8,7 @@ Grouped by the stage that owns each name (docs/design.md section 1): config and 
 storage, the tokenizer, Ray and placement, the row stream and its delivery, the packed
 directory, faults. A name that would say nothing, or clash, out of its module is renamed here
 once: ``faults.adopt`` -> ``adopt_faults``, ``faults.point`` -> ``fault_point``,
-``faults.environment`` -> ``faults_environment``, ``placement.resolve`` -> ``resolve_selector``,
-``scaling.TABLE_KEYS`` -> ``PACKING_TABLE_KEYS``.
+``faults.environment`` -> ``faults_environment``, ``scaling.TABLE_KEYS`` -> ``PACKING_TABLE_KEYS``.
 
 Why a module of its own and not ``service/__init__.py``: Python runs a package's ``__init__``
 before any of its modules, so a face there would load the whole service (the row stream, Ray's
@@ -31,74 +30,56 @@ from packfeed.service.commands.args import (
     resolve_output,
 )
 from packfeed.service.data.config import DataConfig, check_known_keys, close_match
-from packfeed.service.delivery.assign import check_request, split_micro_batches
-from packfeed.service.delivery.hub import PIECE_ROWS, OpenReader, RowHub
-from packfeed.service.delivery.manifest import Manifest
-from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused, apply_change
-from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir, open_stream, packed_dir_stream
-from packfeed.service.delivery.steps import rank_batch
+from packfeed.service.delivery.assign import split_micro_batches
+from packfeed.service.delivery.feeder import STOP, StreamFeeder, packed_dir_feeder
+from packfeed.service.delivery.hub import PIECE_ROWS
+from packfeed.service.delivery.mixture_changes import MixtureRefused
+from packfeed.service.delivery.row_stream import PackedDir, find_packed_dir
 from packfeed.service.faults import adopt as adopt_faults
 from packfeed.service.faults import environment as faults_environment
 from packfeed.service.faults import point as fault_point
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA
-from packfeed.service.packed.writer import open_parquet, packed_dir_info, part_files
-from packfeed.service.pipeline.placement import (
-    DRIVER_DEFAULT,
-    TRAINER_DEFAULT,
-    check_fits,
-    check_resources,
-    check_selector,
-    label_matches,
-    node_resources,
-)
-from packfeed.service.pipeline.placement import resolve as resolve_selector
+from packfeed.service.packed.writer import open_parquet, packed_parts
+from packfeed.service.pipeline.placement import check_resources, check_selector, check_train_placement
 from packfeed.service.pipeline.preflight import RayStart, load_tokenizer_for, preflight
-from packfeed.service.pipeline.ray_noise import quiet_ray
 from packfeed.service.pipeline.raycluster import Terminated, init_ray, joins_a_cluster, ray_initialised
 from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS
 from packfeed.service.pipeline.scaling import PackingScaling
 from packfeed.service.pipeline.summary import run_failure
-from packfeed.service.storage import (
-    StorageError,
-    delete_prefix,
-    display,
-    exists,
-    is_remote,
-    join,
-    listing,
-    match,
-    read_bytes,
-    resolve,
-    scrub,
-    write_bytes_atomic,
+from packfeed.service.storage import StorageError, delete_prefix, display, exists, is_remote, join, resolve, write_bytes_atomic
+from packfeed.service.storage.tree import (
+    download_dir,
+    find,
+    holds,
+    publish_dir,
+    read_text,
+    remove_names,
+    upload_dir,
+    write_json,
 )
-from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND, classify
 from packfeed.service.tokenize.hf_hub import hub_kwargs, hub_unreachable, hub_unreachable_error, looks_local
-from packfeed.service.tokenize.samples import SampleTokenizer, load_tokenizer
+from packfeed.service.tokenize.samples import load_tokenizer
 
 __all__ = [
     # config and the flags `packfeed train` shares with pack and serve (commands/args.py)
     "DataConfig", "check_known_keys", "close_match",
     "add_data_arguments", "data_config_from_args", "load_config_file", "parse_pairs", "resolve_output",
     # storage: every path a URI (storage/)
-    "StorageError", "NO_BUCKET", "NOT_FOUND", "classify",
-    "delete_prefix", "display", "exists", "is_remote", "join", "listing", "match", "read_bytes", "resolve", "scrub",
-    "write_bytes_atomic",
+    "StorageError", "delete_prefix", "display", "exists", "is_remote", "join", "resolve", "write_bytes_atomic",
+    "download_dir", "find", "holds", "publish_dir", "read_text", "remove_names", "upload_dir", "write_json",
     # the tokenizer and the Hugging Face Hub (tokenize/)
-    "SampleTokenizer", "load_tokenizer", "load_tokenizer_for",
+    "load_tokenizer", "load_tokenizer_for",
     "hub_kwargs", "hub_unreachable", "hub_unreachable_error", "looks_local",
     # the checks before Ray, Ray and placement (data/, pipeline/)
     "RayStart", "preflight",
-    "Terminated", "init_ray", "joins_a_cluster", "quiet_ray", "ray_initialised", "run_failure",
+    "Terminated", "init_ray", "joins_a_cluster", "ray_initialised", "run_failure",
     "PACKING_TABLE_KEYS", "PackingScaling",
-    "DRIVER_DEFAULT", "TRAINER_DEFAULT", "check_fits", "check_resources", "check_selector", "label_matches",
-    "node_resources", "resolve_selector",
+    "check_resources", "check_selector", "check_train_placement",
     # the row stream and its delivery to ranks (delivery/)
-    "PIECE_ROWS", "Manifest", "MixtureControl", "MixtureRefused", "OpenReader", "RowHub", "apply_change",
-    "check_request", "open_stream", "rank_batch", "split_micro_batches",
-    "PackedDir", "find_packed_dir", "packed_dir_stream",
+    "PIECE_ROWS", "STOP", "StreamFeeder", "packed_dir_feeder", "MixtureRefused", "split_micro_batches",
+    "PackedDir", "find_packed_dir",
     # the packed directory (packed/)
-    "ROW_SCHEMA", "open_parquet", "packed_dir_info", "part_files",
+    "ROW_SCHEMA", "open_parquet", "packed_parts",
     # faults on purpose (faults.py)
     "adopt_faults", "fault_point", "faults_environment",
 ]

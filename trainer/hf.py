@@ -38,16 +38,7 @@ from typing import Any
 import pyarrow as pa
 
 from packfeed.client.model_inputs import TOKEN_KEYS, to_model_inputs
-from packfeed.service.face import (
-    ROW_SCHEMA,
-    display,
-    is_remote,
-    listing,
-    match,
-    open_parquet,
-    packed_dir_info,
-    part_files,
-)
+from packfeed.service.face import ROW_SCHEMA, display, is_remote, open_parquet, packed_parts
 
 __all__ = ["PackedCollator", "packed_hf_dataset"]
 
@@ -129,8 +120,8 @@ def packed_hf_dataset(source: Any, *, cache_dir: str | Path | None = None) -> An
 def _from_parquet_dir(path: Path, *, cache_dir: str | Path | None) -> Any:
     import datasets
 
-    files = part_files(path)
-    if not files or packed_dir_info(path) is None:
+    info, files = packed_parts(path)
+    if not files or info is None:
         raise FileNotFoundError(f"{path} holds no packed rows: is it a `packfeed pack --output` directory?")
     return datasets.Dataset.from_parquet(
         [str(f) for f in files],
@@ -145,9 +136,7 @@ def _from_store(uri: str, *, cache_dir: str | Path | None) -> Any:
     ``open_parquet`` (ranged GETs, retried) into one Arrow file in the cache, memory-mapped."""
     import datasets
 
-    info = packed_dir_info(uri)  # ValueError for an unfinished or failed pack
-    parts = [p for p in listing(uri.rstrip("/"), recursive=False)
-             if not p.is_dir and match(["part-*.parquet"], [p.uri.rsplit("/", 1)[-1]])]
+    info, parts = packed_parts(uri)  # ValueError for an unfinished or failed pack
     if not parts or info is None:
         raise FileNotFoundError(f"{display(uri)} holds no packed rows: is it a `packfeed pack --output` "
                                 "location?")

@@ -1,7 +1,7 @@
 """One rank's batch of one step, read from a hub: the delivery loop of serve and train, written once.
 
 The gRPC servicer (server.py, one ``StreamBatches`` call per rank, step after step) and the
-train feeder (trainer/feeder.py, any rank's any step on request) both ask ``rank_batch``. It
+train feeder (service/delivery/feeder.py, any rank's any step on request) both ask ``rank_batch``. It
 applies the contract of assign.py to the hub's rows:
 
 1. ask the hub for the rank's rows of the step as if the stream had no end, and for the

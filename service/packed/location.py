@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from packfeed.service import storage
-from packfeed.service.storage.store_errors import NO_BUCKET, NOT_FOUND
+from packfeed.service.storage.store_errors import NOT_FOUND
+from packfeed.service.storage.tree import read_if_exists
 from packfeed.service.storage.uri import split
 
 logger = logging.getLogger("packfeed")
@@ -138,18 +139,6 @@ def written_files(out_dir: str | Path) -> list[str] | None:
     except (ValueError, KeyError, TypeError):
         return None
     return [f for f in files if isinstance(f, str) and "/" not in f and f.startswith("part-")]
-
-
-def read_if_exists(uri: str) -> bytes | None:
-    """The bytes of ``uri``, None when there is no such file or object (nor its bucket)."""
-    if not storage.is_remote(uri):
-        return Path(uri).read_bytes() if os.path.isfile(uri) else None
-    try:
-        return storage.read_bytes(uri)
-    except storage.StorageError as exc:
-        if exc.kind in (NOT_FOUND, NO_BUCKET):
-            return None
-        raise
 
 
 def check_writable(out: str) -> None:

@@ -44,10 +44,10 @@ from packfeed.service.packed.location import (
     check_output,
     check_writable,
     clear_previous,
-    read_if_exists,
     written_files,
 )
 from packfeed.service.storage.store_errors import classify
+from packfeed.service.storage.tree import read_if_exists
 
 # ~32 MiB of token columns per row group at L=4096 (3 int32 columns * 4096 * 4 B * 682).
 TARGET_ROW_GROUP_BYTES = 32 << 20
@@ -264,6 +264,19 @@ def part_files(out_dir: str | Path) -> list[str]:
         return [str(p) for p in sorted(Path(out).glob("part-*.parquet"))]
     return [info.uri for info in storage.listing(out, recursive=False)
             if not info.is_dir and storage.match(["part-*.parquet"], [info.uri.rsplit("/", 1)[-1]])]
+
+
+def packed_parts(out_dir: str | Path) -> tuple[dict[str, Any] | None, list]:
+    """(``packed_dir_info`` of an output, its part files, sorted): on disk their paths, on a
+    store their ``ObjectInfo`` (URI, size, mtime: what ``open_parquet``'s ``expect`` takes), one
+    listing."""
+    out = os.fspath(out_dir)
+    info = packed_dir_info(out)
+    if not storage.is_remote(out):
+        return info, part_files(out)
+    parts = [p for p in storage.listing(out.rstrip("/"), recursive=False)
+             if not p.is_dir and storage.match(["part-*.parquet"], [p.uri.rsplit("/", 1)[-1]])]
+    return info, sorted(parts, key=lambda p: p.uri)
 
 
 def open_parquet(path: str, *, expect: storage.ObjectInfo | None = None, metadata: Any = None) -> pq.ParquetFile:

@@ -16,6 +16,7 @@ waiting forever.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -101,6 +102,56 @@ def check_fits(what: str, request: Mapping[str, float], count: int, selector: Ma
         f"{what}: {count} x ({asked}) do not fit on the {len(matching)} {where} ({have}; room for {fit}): "
         "lower the count or the request, or add nodes"
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPlacement:
+    """Where a training run's actors go: the label selectors of the packing actors, the train
+    workers and the driver-side actors (the feeder)."""
+
+    packer: dict[str, str]
+    trainer: dict[str, str]
+    driver: dict[str, str]
+
+    def driver_options(self) -> dict:
+        """Ray actor options for the driver-side actors (the feeder)."""
+        return {"label_selector": self.driver} if self.driver else {}
+
+    def packing(self, packing: Any) -> Any:
+        """The run's packing actors (a PackingScaling), placed where the packers go."""
+        return dataclasses.replace(packing, labels=self.packer)
+
+
+def check_train_placement(scaling: Any, *, use_gpu: bool, nodes: list | None = None) -> TrainPlacement:
+    """A training run's selectors (``scaling``: its ``[scaling]`` table: ``num_workers``,
+    ``cpus_per_worker``, ``trainer_resources``, ``trainer_labels``, ``driver_labels`` and the
+    packing actors' PackingScaling ``packing``), after checking that train workers and packing
+    actors fit, also together on the nodes they share. ``nodes``: as ``node_resources()`` (tests)."""
+    nodes = node_resources() if nodes is None else nodes
+    packing = scaling.packing
+    chosen = TrainPlacement(
+        packer=packing.placed(nodes).labels,
+        trainer=resolve(scaling.trainer_labels, TRAINER_DEFAULT, nodes),
+        driver=resolve(scaling.driver_labels, DRIVER_DEFAULT, nodes),
+    )
+    trainer_request = {"CPU": scaling.cpus_per_worker, **({"GPU": 1} if use_gpu else {}), **scaling.trainer_resources}
+    packer_request = {"CPU": packing.cpus_per_worker, **packing.resources}
+    check_fits("train workers", trainer_request, scaling.num_workers, chosen.trainer, nodes)
+    check_fits("packing actors", packer_request, packing.num_workers, chosen.packer, nodes)
+    check_fits("the feeder", {}, 1, chosen.driver, nodes)
+    on_trainer_nodes = [n for n in nodes if label_matches(n["labels"], chosen.trainer)]
+    shared = [n for n in on_trainer_nodes if label_matches(n["labels"], chosen.packer)]
+    if shared and len(shared) == len(on_trainer_nodes):
+        # Train workers and packers share every node: their CPUs add up (Ray deadlocks otherwise).
+        need = scaling.num_workers * scaling.cpus_per_worker + packing.num_workers * packing.cpus_per_worker
+        have = sum(float(n["resources"].get("CPU", 0)) for n in shared)
+        if need > have + 1e-9:
+            raise ValueError(
+                f"{scaling.num_workers} train workers x {scaling.cpus_per_worker:g} CPU + {packing.num_workers} "
+                f"packing actors x {packing.cpus_per_worker:g} CPU = {need:g} CPUs, the nodes they share have "
+                f"{have:g}: lower [scaling] cpus_per_worker / packing_cpus_per_worker (fractions are fine) or the counts"
+            )
+    return chosen
 
 
 def node_resources() -> list[dict[str, Any]]:

@@ -71,12 +71,15 @@ def cluster():
 
 
 def actors_by_role(cluster) -> dict[str, set[str]]:
-    """class name -> roles of the nodes its actors ran on (alive or dead)."""
+    """class name -> roles of the nodes its actors ran on (alive or dead). An actor Ray never
+    placed (its creation cancelled at the end of the stream: Ray Data's pool may still be
+    asking for one) ran on no node and has none."""
     code = (
         "from ray.util.state import list_actors, list_nodes\n"
         f"url = 'http://127.0.0.1:{cluster['ports']['dashboard']}'\n"
         "roles = {n.node_id: n.labels.get('packfeed/role', 'head') for n in list_nodes(address=url)}\n"
-        "for a in list_actors(address=url, detail=True, limit=10000): print(a.class_name, roles.get(a.node_id))\n"
+        "for a in list_actors(address=url, detail=True, limit=10000):\n"
+        "    if a.node_id: print(a.class_name, roles.get(a.node_id))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=cluster["env"], capture_output=True, text=True, timeout=120,
                          check=True).stdout

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packfeed.service.face import display, run_failure
+from packfeed.service.face import display, run_failure, write_json
 from packfeed.trainer.loop.interval import format_summary, plot_loss, read_jsonl, summarize
 from packfeed.trainer.run_config import RunConfig
 from packfeed.trainer.state.checkpoint import latest_checkpoint
 from packfeed.trainer.state.resume import read_train_state
-from packfeed.trainer.state.run_dir import RunDir, publish_final, write_json
+from packfeed.trainer.state.run_dir import RunDir, publish_final
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ the run at once.
 
 The driver only sequences the run; the parts live beside it: the checks before Ray starts and
 the end of the run, shared with torchrun (launch/prechecks.py, launch/finish.py), the checkpoint's
-trainer state (trainer/state/train_state.py ``TrainState``), the feeder actor (trainer/feeder.py
+trainer state (trainer/state/train_state.py ``TrainState``), the feeder actor (service/delivery/feeder.py
 ``StreamFeeder``), the rank's loop (trainer/loop/rank.py).
 """
 
@@ -45,6 +45,8 @@ from typing import Any
 from packfeed.service.face import (
     PackedDir,
     RayStart,
+    StreamFeeder,
+    check_train_placement,
     delete_prefix,
     display,
     exists,
@@ -55,18 +57,17 @@ from packfeed.service.face import (
     joins_a_cluster,
     preflight,
     ray_initialised as ray_is_up,
+    write_json,
 )
-from packfeed.trainer.feeder import StreamFeeder
 from packfeed.trainer.launch.finish import RunEnd, finish_run
 from packfeed.trainer.launch.prechecks import Opened, Prechecked, check_run, open_output, training_line
-from packfeed.trainer.launch.ray_placement import check_placement, packing_scaling
 from packfeed.trainer.launch.signals import StopSignals
 from packfeed.trainer.loop.interval import PACKED_OUTPUT, READER, packing_figures
 from packfeed.trainer.loop.rank import train_loop_per_worker
 from packfeed.trainer.model.attention import check_attention, ray_workers_device
 from packfeed.trainer.run_config import RunConfig
 from packfeed.trainer.state.resume import check_packed_dir
-from packfeed.trainer.state.run_dir import FINAL_STATE, RunDir, location, ray_storage, write_json
+from packfeed.trainer.state.run_dir import FINAL_STATE, RunDir, location, ray_storage
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, opened: Opened, *, output: str | P
     use_gpu = run.scaling.use_gpu == "yes" or (
         run.scaling.use_gpu == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
     )
-    placement = check_placement(run.scaling, use_gpu=use_gpu)
+    placement = check_train_placement(run.scaling, use_gpu=use_gpu)
     signals.check()  # a stop asked until now leaves the previous run as it was
     if opened.clear_previous is not None:  # every check passed (plan, tokenizer, Ray, placement): only now
         opened.clear_previous()
@@ -209,7 +210,7 @@ def _fit(run: RunConfig, packed_or_plan: Any, opened: Opened, *, output: str | P
 
 
 def _start_feeder(run: RunConfig, packed_or_plan: Any, opened: Opened, *, placement: Any, output: str | Path) -> Any:
-    """The run's feeder actor (trainer/feeder.py ``StreamFeeder``), started: one that cannot
+    """The run's feeder actor (service/delivery/feeder.py ``StreamFeeder``), started: one that cannot
     start fails here, as itself, not in every worker."""
     import ray
 
@@ -217,7 +218,8 @@ def _start_feeder(run: RunConfig, packed_or_plan: Any, opened: Opened, *, placem
     feeder = ray.remote(StreamFeeder).options(
         num_cpus=0, max_concurrency=4 * world + 4, **placement.driver_options()
     ).remote(
-        run.data, packed_or_plan, packing_scaling(run.scaling, placement), output=str(output), world_size=world,
+        run.data, packed_or_plan, placement.packing(run.scaling.packing), manifest_path=RunDir(output).manifest,
+        world_size=world,
         faults_env=faults_environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
         pad_id=tokenizer.pad_id, tokenizer=tokenizer.ship(),

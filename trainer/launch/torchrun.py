@@ -46,14 +46,15 @@ import grpc
 from packfeed.client.rows import PackedRows
 from packfeed.client.stream import PackedStream, StreamError
 from packfeed.service.face import (
+    STOP,
     MixtureRefused,
     display,
     find_packed_dir,
     is_remote,
-    packed_dir_stream,
+    packed_dir_feeder,
     split_micro_batches,
+    write_json,
 )
-from packfeed.trainer.feeder import STOP, RowFeeder, over_stream, stream_sources
 from packfeed.trainer.launch.finish import RunEnd, finish_run
 from packfeed.trainer.launch.prechecks import Opened, Prechecked, check_run, open_output, training_line
 from packfeed.trainer.launch.signals import StopSignals
@@ -61,31 +62,26 @@ from packfeed.trainer.loop.interval import PACKED_OUTPUT, packing_figures
 from packfeed.trainer.loop.rank import train_rank
 from packfeed.trainer.model.attention import check_attention
 from packfeed.trainer.run_config import RunConfig
-from packfeed.trainer.state.checkpoint import CHECKPOINT_PREFIX, checkpoint_name
+from packfeed.trainer.state.checkpoint import partial_checkpoint, publish_checkpoint
 from packfeed.trainer.state.resume import check_packed_dir
-from packfeed.trainer.state.run_dir import RunDir, write_json
+from packfeed.trainer.state.run_dir import RunDir
 from packfeed.trainer.state.train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
-PARTIAL_PREFIX = ".partial-"  # a checkpoint being written: not matched by checkpoint_* globs
-
-
 class DirectoryRows:
     """A packed directory's rows for one rank, read in this process by the serve contract
-    (a RowFeeder over the directory's stream, as Ray's feeder actor is: the rows of rank k of
-    step s are the actor's). ``state``: the checkpoint's trainer state (None: the start)."""
+    (``packed_dir_feeder``: a RowFeeder over the directory's stream, as Ray's feeder actor is;
+    the rows of rank k of step s are the actor's). ``state``: the checkpoint's trainer state
+    (None: the start)."""
 
     def __init__(self, packed: Any, run: RunConfig, *, world_size: int, rank: int, pad_id: int,
                  state: TrainState | None) -> None:
-        stream = packed_dir_stream(packed.path, packed.info)
         self.rank = rank
-        self.feeder = RowFeeder(**over_stream(stream, manifest_path=None,
-                                              saved_manifest=None if state is None else state.manifest),
-                                world_size=world_size, grad_accum=run.train.grad_accum,
-                                micro_rows=run.train.micro_batch_rows, pad_id=pad_id,
-                                state=None if state is None else state.stream, capacity=run.feeder_buffer_rows)
-        self.sources_ = stream_sources(stream)
+        self.feeder, self.sources_ = packed_dir_feeder(
+            packed, saved_manifest=None if state is None else state.manifest, world_size=world_size,
+            grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=pad_id,
+            state=None if state is None else state.stream, capacity=run.feeder_buffer_rows)
 
     def get(self, step: int) -> list[PackedRows] | None:
         return self.feeder.get_step(self.rank, step)
@@ -192,8 +188,7 @@ class TorchrunRuntime:
         import torch.distributed as dist
 
         root = self.output / RunDir.CHECKPOINTS
-        name = checkpoint_name(step)
-        partial = root / f"{PARTIAL_PREFIX}{name}"
+        partial = partial_checkpoint(root, step)
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # a previous attempt's, cut short
         dist.barrier()
@@ -201,10 +196,7 @@ class TorchrunRuntime:
             shutil.copytree(directory, partial, dirs_exist_ok=True)
         dist.barrier()
         if self.rank == 0:
-            shutil.rmtree(root / name, ignore_errors=True)
-            os.rename(partial, root / name)
-            for old in sorted(root.glob(f"{CHECKPOINT_PREFIX}*"))[:-self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            publish_checkpoint(root, step, keep=self.keep)
         dist.barrier()
 
 

@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from packfeed.service.face import is_remote, write_bytes_atomic
-from packfeed.trainer.state.run_dir import read_text
+from packfeed.service.face import is_remote, read_text, write_bytes_atomic
 
 # Dense bf16 peak FLOP/s by device-name substring.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}

@@ -33,11 +33,10 @@ from typing import Any, Callable
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import PAD_SAMPLE_ID
-from packfeed.service.face import adopt_faults, fault_point
+from packfeed.service.face import STOP, adopt_faults, fault_point
 from packfeed.trainer.state.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
 from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
-from packfeed.trainer.feeder import STOP
 from packfeed.trainer.loop.mixture_hook import MixtureStep, call_hook, load_hook
 from packfeed.trainer.loop.interval import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
 from packfeed.trainer.model.builder import build_model, flops_per_token, load_shards_from_rank0

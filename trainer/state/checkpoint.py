@@ -32,19 +32,18 @@ import json
 import logging
 import os
 import posixpath
-import tempfile
+import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import pyarrow.fs as pafs
-
-from packfeed.service.face import StorageError, classify, display, exists, is_remote, join, listing, match, resolve
+from packfeed.service.face import StorageError, display, download_dir, exists, find, is_remote, join, publish_dir, read_text
 from packfeed.trainer.model.parallelize import is_sharded, unwrapped
-from packfeed.trainer.state.run_dir import RunDir, ray_storage, read_text
+from packfeed.trainer.state.run_dir import RunDir, ray_storage
 
 STATE_FILE = "trainer_state.json"
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the checkpoints it registered, in ray/
 CHECKPOINT_PREFIX = "checkpoint_"  # checkpoint_<step, 6 digits>: Ray Train's and torchrun's alike
+PARTIAL_PREFIX = ".partial-"  # a checkpoint being written (torchrun): not matched by checkpoint_* globs
 SHARDED_DIR = "sharded"  # a sharded (FSDP2) checkpoint's model and optimizer, torch.distributed.checkpoint
 
 
@@ -148,6 +147,22 @@ def checkpoint_name(step: int) -> str:
     return f"{CHECKPOINT_PREFIX}{step:06d}"
 
 
+def partial_checkpoint(root: Path, step: int) -> Path:
+    """Where the ranks of a torchrun job write the checkpoint of ``step`` under ``root`` until
+    ``publish_checkpoint`` makes it whole."""
+    return root / f"{PARTIAL_PREFIX}{checkpoint_name(step)}"
+
+
+def publish_checkpoint(root: Path, step: int, *, keep: int) -> None:
+    """The checkpoint of ``step`` written at ``partial_checkpoint`` becomes ``checkpoint_<step>``
+    whole (storage ``publish_dir``: a checkpoint that exists is complete); then only the
+    ``keep`` newest are kept. Ray Train publishes and keeps its own (``CheckpointConfig``)."""
+    partial = partial_checkpoint(root, step)
+    publish_dir(str(partial), str(root / checkpoint_name(step)), marker=STATE_FILE, old=f"{partial}.old")
+    for old in sorted(root.glob(f"{CHECKPOINT_PREFIX}*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def latest_checkpoint(output: str | Path) -> str | Path | None:
     """The checkpoint a resumed run starts from (a Path, or a URI when ``output`` is one), or
     None: the one with the most completed steps of those Ray Train registered under ``ray/``
@@ -197,24 +212,10 @@ def _latest_in(run_dir: str) -> tuple[str | Path, int] | None:
 
 def _state_files(run_dir: str) -> list[str]:
     """The ``checkpoint_*/trainer_state.json`` under ``run_dir`` (on a store: one listing)."""
-    if not is_remote(run_dir):
-        return [str(p) for p in Path(run_dir).glob(f"{CHECKPOINT_PREFIX}*/{STATE_FILE}")]
-    return [info.uri for info in listing(run_dir, recursive=True)
-            if match([f"{CHECKPOINT_PREFIX}*", STATE_FILE], info.uri[len(run_dir) + 1:].split("/"))]
+    return find(run_dir, [f"{CHECKPOINT_PREFIX}*", STATE_FILE])
 
 
-@contextlib.contextmanager
-def local_copy(checkpoint: str | Path) -> Iterator[Path]:
+def local_copy(checkpoint: str | Path) -> contextlib.AbstractContextManager[Path]:
     """The checkpoint as a local directory: itself on disk; on a store its files downloaded to
     a temporary directory, removed afterwards."""
-    if not is_remote(os.fspath(checkpoint)):
-        yield Path(checkpoint)
-        return
-    fs, inside = resolve(os.fspath(checkpoint))
-    with tempfile.TemporaryDirectory(prefix="packfeed-checkpoint-") as tmp:
-        try:
-            pafs.copy_files(inside, tmp, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-        except OSError as exc:
-            raise StorageError(display(os.fspath(checkpoint)),
-                                       f"download failed ({classify(exc).detail})") from None
-        yield Path(tmp)
+    return download_dir(checkpoint, prefix="packfeed-checkpoint-")

@@ -23,10 +23,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from packfeed.service.face import display, join
+from packfeed.service.face import display, join, read_text
 from packfeed.trainer.state.checkpoint import STATE_FILE, latest_checkpoint, read_state
 from packfeed.trainer.run_config import RunConfig
-from packfeed.trainer.state.run_dir import RunDir, read_text
+from packfeed.trainer.state.run_dir import RunDir
 from packfeed.trainer.state.train_state import TrainState
 
 

@@ -20,7 +20,9 @@ file                          written by                              on an obje
 
 A store has no rename: a ``final/`` is whole when its ``FINAL_STATE`` (written last) exists,
 and a new one replaces the old with that object deleted first; the ``.final.partial/`` it was
-copied from is deleted whole, its own ``name/`` key included (``remove_dir``).
+copied from is deleted whole, its own ``name/`` key included (``storage/tree.py``
+``remove_dir``: a prefix emptied key by key kept a ``.final.partial/`` key on S3, measured
+against moto).
 """
 
 from __future__ import annotations
@@ -33,24 +35,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from packfeed.service.face import (
-    NO_BUCKET,
-    NOT_FOUND,
-    StorageError,
-    classify,
     delete_prefix,
-    display,
-    exists,
+    holds,
     is_remote,
     join,
-    listing,
-    read_bytes,
+    publish_dir,
+    read_text,
+    remove_names,
     resolve,
-    scrub,
-    write_bytes_atomic,
+    upload_dir,
 )
+
 FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in final/
 
 
@@ -123,7 +119,7 @@ class RunDir:
 
     def clear_run(self) -> None:
         """Delete the previous run's files (``RUN_FILES``): what ``--overwrite`` clears."""
-        remove(self.root, self.RUN_FILES)
+        remove_names(self.root, self.RUN_FILES)
 
 
 def location(output: str | Path) -> str | Path:
@@ -134,66 +130,6 @@ def location(output: str | Path) -> str | Path:
 def path(output: str | Path, *names: str) -> str:
     """The file ``names`` under ``output`` (a path or a URI)."""
     return join(os.fspath(output), *names)
-
-
-def read_text(uri: str) -> str | None:
-    """The text of ``uri`` (a path or a URI), None when there is no such file."""
-    if not is_remote(uri):
-        return Path(uri).read_text() if os.path.isfile(uri) else None
-    try:
-        return read_bytes(uri).decode()
-    except StorageError as exc:
-        if exc.kind in (NOT_FOUND, NO_BUCKET):
-            return None
-        raise
-
-
-def write_json(uri: str, value: Any) -> None:
-    """``value`` as JSON at ``uri``, whole or not at all, credentials scrubbed from its URIs."""
-    write_bytes_atomic(uri, scrub(json.dumps(value, indent=1)).encode())
-
-
-def holds(output: str | Path, name: str) -> bool:
-    """Whether the file or directory ``name`` is under ``output`` (on a store: any key below it)."""
-    uri = path(output, name)
-    if not is_remote(uri):
-        return os.path.exists(uri)
-    return exists(uri) or bool(listing(uri, recursive=False))
-
-
-def remove(output: str | Path, names: tuple[str, ...]) -> None:
-    """Delete the files and directories ``names`` under ``output`` (on a store: one listing)."""
-    if is_remote(os.fspath(output)):
-        delete_prefix(os.fspath(output), only=lambda rel: rel.split("/")[0] in names)
-        return
-    for name in names:
-        target = Path(output, name)
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-
-
-def upload_dir(local: Path, uri: str, *, last: str | None = None) -> None:
-    """Copy the files under ``local`` to ``uri`` (a store), streamed, ``last`` after the others."""
-    files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
-    for file in files:
-        target = path(uri, file.relative_to(local).as_posix())
-        _on_store(target, "upload", lambda: _copy(file, target))
-
-
-def _copy(file: Path, target: str) -> None:
-    fs, dest = resolve(target)
-    pafs.copy_files(str(file), dest, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-
-
-def _on_store(uri: str, what: str, fn) -> Any:
-    """``fn()`` on the filesystem of ``storage.resolve`` (which retries by itself); a failure is
-    one line naming ``uri``."""
-    try:
-        return fn()
-    except OSError as exc:
-        raise StorageError(display(uri), f"{what} failed ({classify(exc).detail})") from None
 
 
 def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: dict | None = None) -> None:
@@ -221,49 +157,16 @@ def publish_final(output: str | Path, tokenizer: Any) -> int:
     renamed away first: deleted in place, it would be half a model for a while); on a store the
     old one's ``FINAL_STATE`` goes first, the new one's comes last."""
     run = RunDir(output)
-    partial, final = run.final_partial, run.final
+    partial = run.final_partial
     step = int(json.loads(read_text(path(partial, FINAL_STATE)))["step"])
-    if not is_remote(partial):
-        old = run.file(RunDir.FINAL_OLD)
+    if is_remote(partial):
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.tokenizer.save_pretrained(tmp)
+            upload_dir(Path(tmp), partial)
+    else:
         tokenizer.tokenizer.save_pretrained(partial)
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(final):
-            os.rename(final, old)
-        os.rename(partial, final)
-        shutil.rmtree(old, ignore_errors=True)
-        return step
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.tokenizer.save_pretrained(tmp)
-        upload_dir(Path(tmp), partial)
-    delete_prefix(final, only=lambda rel: rel == FINAL_STATE)
-    delete_prefix(final)
-    fs, _ = resolve(partial)
-    names = sorted((info.uri[len(partial) + 1:] for info in listing(partial, recursive=True) if not info.is_dir),
-                   key=lambda rel: (rel == FINAL_STATE, rel))
-    for rel in names:
-        source, target = path(partial, rel), path(final, rel)
-        _on_store(target, "copy", lambda: fs.copy_file(resolve(source)[1], resolve(target)[1]))
-    remove_dir(partial)
+    publish_dir(partial, run.final, marker=FINAL_STATE, old=run.file(RunDir.FINAL_OLD))
     return step
-
-
-def remove_dir(uri: str) -> None:
-    """Delete ``uri`` on a store whole: every key under it, then its own ``name/`` key.
-
-    ``storage.delete_prefix`` keeps the "directory": Arrow writes an empty ``name/`` key to keep
-    it in being, so a run published on S3 kept a ``.final.partial/`` key (measured against
-    moto). Arrow's ``delete_dir`` removes it (one DELETE, after a LIST) and, as every delete of
-    Arrow's, puts an empty key for the parent instead: the output's own ``name/``, harmless."""
-    delete_prefix(uri)
-    fs, inside = resolve(uri)
-
-    def delete() -> None:
-        try:
-            fs.delete_dir(inside)
-        except FileNotFoundError:  # no key left, not even its own
-            pass
-
-    _on_store(uri, "delete", delete)
 
 
 def ray_storage(output: str | Path) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from packfeed.service.cli import build_parser
 from packfeed.service.commands import serve
 from packfeed.service.commands.args import data_config_from_args, load_config_file, packing_from_args
 from packfeed.trainer.launch.command import run_config_from_args
-from packfeed.trainer.launch.ray_placement import check_placement
+from packfeed.service.pipeline.placement import check_train_placement as check_placement
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = Manifests(REPO / "deploy" / "k8s")

@@ -121,3 +121,23 @@ def test_ray_train_gets_the_store_of_the_uri(store, tmp_path):
     where = run_dir.ray_storage(f"{store}/run")
     fs, inside = storage.resolve(f"{store}/run")
     assert where == {"storage_path": inside, "storage_filesystem": fs}
+
+
+def test_a_torchrun_checkpoint_is_published_whole_and_only_the_newest_are_kept(tmp_path):
+    """``publish_checkpoint``: what the ranks wrote aside becomes ``checkpoint_<step>`` at once
+    (a checkpoint written again for the same step replaces the old one whole), and ``keep``
+    bounds how many stay; ``latest_checkpoint`` finds the newest."""
+    from packfeed.trainer.state.checkpoint import checkpoint_name, partial_checkpoint, publish_checkpoint
+
+    root = tmp_path / RunDir.CHECKPOINTS
+    for step in (1, 2, 3, 3, 4):
+        partial = partial_checkpoint(root, step)
+        partial.mkdir(parents=True)
+        (partial / "weights").write_text(f"{step}")
+        (partial / STATE_FILE).write_text(json.dumps({"step": step}))
+        assert latest_checkpoint(tmp_path) in (None, root / checkpoint_name(step - 1), root / checkpoint_name(step)), \
+            "a checkpoint being written is never found"
+        publish_checkpoint(root, step, keep=2)
+        assert latest_checkpoint(tmp_path) == root / checkpoint_name(step)
+    assert sorted(p.name for p in root.iterdir()) == [checkpoint_name(3), checkpoint_name(4)]
+    assert (root / checkpoint_name(4) / "weights").read_text() == "4"

@@ -18,7 +18,7 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.trainer.state.checkpoint import STATE_FILE
 from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig
-from packfeed.trainer.feeder import RowFeeder
+from packfeed.service.delivery.feeder import RowFeeder
 from packfeed.trainer.state.resume import finished, read_train_state
 from packfeed.trainer.state.train_state import TrainState
 

@@ -180,7 +180,7 @@ def test_the_train_feeder_changes_the_mixture_after_the_steps_its_ranks_asked_fo
     """``packfeed train``'s hook goes through RowFeeder.set_mixture: the change applies from the
     first window after the rows of the highest step any rank asked for, with the reader at the
     end of the stream, and the ranks then read the recorded schedule's stream."""
-    from packfeed.trainer.feeder import RowFeeder
+    from packfeed.service.delivery.feeder import RowFeeder
 
     config, plan = planned
     control = mixture_control(config, plan)

@@ -26,7 +26,7 @@ from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureRefused
 from packfeed.service.delivery.row_stream import RowStream, mixture_control
 from packfeed.service.delivery.server import PackFeedService
-from packfeed.trainer.feeder import RowFeeder, load_manifest
+from packfeed.service.delivery.feeder import RowFeeder, load_manifest
 from test_mixture_changes import NEW, planned  # noqa: F401  (the module's plan fixture)
 from test_servicer import Aborted, FakeContext
 

@@ -35,7 +35,7 @@ from packfeed.service.delivery.hub import RowHub
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.server import BearerTokenInterceptor, PackFeedService
 from packfeed.service.delivery.row_stream import RowStream
-from packfeed.trainer.feeder import RowFeeder
+from packfeed.service.delivery.feeder import RowFeeder
 from support.streams import SEQ_LEN, WINDOW_ROWS, SyntheticStream, assert_rows
 
 PAD_ID, HASH = 0, "cafe"

@@ -1,5 +1,7 @@
-"""RowFeeder: the training run's one reader of the packed stream, on the serve contract; and
-StreamFeeder, the RowFeeder a run's actor builds over the run's own stream.
+"""RowFeeder: a training run's one reader of the packed stream, on the serve contract; and
+StreamFeeder, the RowFeeder a run's actor builds over the run's own stream. ``packfeed train``
+uses both (Ray's feeder actor, torchrun's packed-directory rows); they hold no torch and no
+trainer code.
 
 Ray Train's own dataset sharding (``streaming_split``) hands blocks to whichever worker asks
 first, so which rank trains on which row is not reproducible. packfeed instead reads the
@@ -35,7 +37,8 @@ produced the step's rows. The actor asks for no CPU.
 ``StreamFeeder`` (the class the driver, trainer/launch/ray_driver.py, makes the actor of) opens the run's
 stream inside the actor (``service/delivery/row_stream.open_stream``: the packing pipeline of
 the data config, or a packed directory as it is) and its manifest (``load_manifest``), then is
-a RowFeeder over it.
+a RowFeeder over it; ``packed_dir_feeder`` is the same over a packed directory in the calling
+process (torchrun's ranks).
 """
 
 from __future__ import annotations
@@ -48,22 +51,15 @@ from typing import Any
 
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
-from packfeed.service.face import (
-    Manifest,
-    MixtureControl,
-    MixtureRefused,
-    OpenReader,
-    RowHub,
-    SampleTokenizer,
-    adopt_faults,
-    apply_change,
-    check_request,
-    open_stream,
-    quiet_ray,
-    rank_batch,
-    split_micro_batches,
-)
-from packfeed.trainer.state.run_dir import RunDir
+from packfeed.service.delivery.assign import check_request, split_micro_batches
+from packfeed.service.delivery.hub import OpenReader, RowHub
+from packfeed.service.delivery.manifest import Manifest
+from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused, apply_change
+from packfeed.service.delivery.row_stream import PackedDir, open_stream, packed_dir_stream
+from packfeed.service.delivery.steps import rank_batch
+from packfeed.service.faults import adopt as adopt_faults
+from packfeed.service.pipeline.ray_noise import quiet_ray
+from packfeed.service.tokenize.samples import SampleTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +183,7 @@ class RowFeeder:
         return {**stats, "reader_restarts": self.hub.restarts}
 
 
-def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:
+def load_manifest(key: str, path: str | Path | None, saved: dict | None) -> Manifest:
     """The run's manifest: the file under the run's output, merged with a checkpoint's copy.
     The checkpoint's mixture changes are the run's: a file that recorded others (made after the
     checkpoint, by the run that resumed from it) is started again from the checkpoint's copy."""
@@ -202,7 +198,7 @@ def load_manifest(key: str, path: Path | None, saved: dict | None) -> Manifest:
     return manifest
 
 
-def over_stream(stream: Any, *, manifest_path: str | None, saved_manifest: dict | None) -> dict[str, Any]:
+def over_stream(stream: Any, *, manifest_path: str | Path | None, saved_manifest: dict | None) -> dict[str, Any]:
     """RowFeeder's arguments that come from a RowStream (``open_stream``: a packing pipeline's
     or a packed directory's): its reader, its manifest (``load_manifest``: the run's file at
     ``manifest_path``, or none, merged with a checkpoint's copy), its seq_len, config hash,
@@ -222,13 +218,22 @@ def stream_sources(stream: Any) -> list[tuple[str, int]]:
     return [(s["name"], int(s.get("first_sample_id", 0))) for s in stream.sources]
 
 
+def packed_dir_feeder(packed: PackedDir, *, saved_manifest: dict | None, **layout: Any) -> tuple[RowFeeder, list]:
+    """(a RowFeeder over the packed directory ``packed`` in this process, as Ray's feeder actor
+    has over it, its sources as ``stream_sources``). ``layout``: RowFeeder's ``world_size``,
+    ``grad_accum``, ``micro_rows``, ``pad_id``, ``state``, ``capacity``."""
+    stream = packed_dir_stream(packed.path, packed.info)
+    feeder = RowFeeder(**over_stream(stream, manifest_path=None, saved_manifest=saved_manifest), **layout)
+    return feeder, stream_sources(stream)
+
+
 class StreamFeeder(RowFeeder):
     """The run's RowFeeder, built inside its actor over the run's stream (``open_stream``): the
     packing pipeline of the data config (``packed_or_plan`` a StreamPlan) or a PackedDir.
     ``tokenizer``: the driver's ``SampleTokenizer.ship()``, for the catch-up path and the
     packing actors (none of them imports transformers or proves steps 1-3 again)."""
 
-    def __init__(self, config: Any, packed_or_plan: Any, scaling: Any, *, output: str, state: dict | None,
+    def __init__(self, config: Any, packed_or_plan: Any, scaling: Any, *, manifest_path: str, state: dict | None,
                  saved_manifest: dict | None, pad_id: int, tokenizer: Any, faults_env: dict | None = None,
                  **layout: Any) -> None:
         quiet_ray()
@@ -236,7 +241,7 @@ class StreamFeeder(RowFeeder):
         loaded = SampleTokenizer(tokenizer, loss=config.loss, add_eos=config.add_eos, backend=config.tokenizer_backend)
         stream = open_stream(packed_or_plan, config, tokenizer=loaded, scaling=scaling)
         self._sources = stream_sources(stream)
-        super().__init__(**over_stream(stream, manifest_path=RunDir(output).manifest, saved_manifest=saved_manifest),
+        super().__init__(**over_stream(stream, manifest_path=manifest_path, saved_manifest=saved_manifest),
                          pad_id=pad_id, state=state, **layout)
 
     def sources(self) -> list[tuple[str, int]]:

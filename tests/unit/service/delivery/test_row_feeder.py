@@ -20,7 +20,7 @@ from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.client.state import STATE_VERSION
 from packfeed.service.delivery.assign import num_steps
 from packfeed.service.delivery.manifest import Manifest
-from packfeed.trainer.feeder import STOP, RowFeeder
+from packfeed.service.delivery.feeder import STOP, RowFeeder
 
 SEQ_LEN, PAD_ID, HASH = 4, 0, "cafe"
 # Rows per window, in stream order; window 2 is empty (every sample dropped).
