@@ -67,14 +67,14 @@ class Torchrun:
     """`torchrun --standalone --nproc-per-node 2 --no-python packfeed train ...` in its own
     process group; every process of its tree watched."""
 
-    def __init__(self, config: Path, output: Path, *flags: str) -> None:
+    def __init__(self, config: Path, output: Path, *flags: str, restarts: int = 0, env: dict | None = None) -> None:
         self.log = output.with_name(output.name + f"-{time.monotonic_ns()}.log")
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--no-python", PACKFEED, "train",
-                 "--config", str(config), "--output", str(output), "--launcher", "torchrun", *flags],
+                [TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", str(restarts), "--no-python",
+                 PACKFEED, "train", "--config", str(config), "--output", str(output), "--launcher", "torchrun", *flags],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                env={**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1"})
+                env={**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1", **(env or {})})
         self.watch = GroupWatch(self.proc.pid)
         self.names: set[str] = set()  # every process name seen in its tree
 
@@ -188,6 +188,20 @@ def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ra
     code, out = Torchrun(config, output, "--resume").ended()
     assert code == 0, out[-3000:]
     assert f"at step {stop}," in out
+    assert_same_training(ray_run, output)
+
+
+def test_a_rank_killed_mid_run_restarts_the_group_which_resumes_and_trains_what_ray_train_trains(config, ray_run,
+                                                                                                 tmp_path):
+    """torchrun ``--max-restarts 1``: rank 1 SIGKILLed after step 5 (a checkpoint every 2 steps),
+    the agent restarts both ranks, the new group forms (on its own keys of torchrun's store: the
+    previous attempt's addresses are dead) and resumes from step 4 by itself."""
+    output = tmp_path / "run"
+    faults = {"PACKFEED_FAULTS": "train-step:5@1:kill", "PACKFEED_FAULTS_DIR": str(tmp_path / "faults")}
+    (tmp_path / "faults").mkdir()
+    code, out = Torchrun(config, output, "--checkpoint-every", "2", restarts=1, env=faults).ended(timeout=240)
+    assert code == 0, out[-3000:]
+    assert "resuming from" in out and "at step 4, stream cursor 16" in out, out[-3000:]
     assert_same_training(ray_run, output)
 
 

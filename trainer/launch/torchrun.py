@@ -38,6 +38,7 @@ import logging
 import os
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -68,6 +69,12 @@ from packfeed.trainer.state.run_dir import RunDir
 from packfeed.trainer.state.train_state import TrainState
 
 logger = logging.getLogger(__name__)
+
+# How long the ranks of an attempt wait for each other before training (a rank that never
+# starts: one line), and the process group's timeout for a collective (torch's own for NCCL).
+ARRIVE_S = 300.0
+GROUP_S = 600.0
+
 
 class DirectoryRows:
     """A packed directory's rows for one rank, read in this process by the serve contract
@@ -200,6 +207,37 @@ class TorchrunRuntime:
         dist.barrier()
 
 
+def join_group(backend: str, *, rank: int, world: int, arrive_s: float = ARRIVE_S) -> None:
+    """The job's process group, on torchrun's store under this attempt's own prefix.
+
+    torchrun keeps its store across the restarts of ``--max-restarts``: the addresses the ranks
+    of the previous attempt published there are still in it, and a restarted rank that read one
+    would connect to a process that no longer exists until the backend's timeout (gloo's: 30
+    minutes, without a word). Every attempt (``TORCHELASTIC_RESTART_COUNT``) therefore keys its
+    own. The ranks first wait ``arrive_s`` at most for each other: a group that cannot form
+    (a rank that never starts) is one line naming how many arrived, not a silent wait."""
+    import torch.distributed as dist
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    address, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
+    try:
+        base = dist.TCPStore(address, port, world, is_master=False, timeout=timedelta(seconds=arrive_s),
+                             wait_for_workers=False)
+    except (RuntimeError, dist.DistStoreError) as exc:
+        raise ValueError(f"rank {rank}: torchrun's store at {address}:{port} did not answer in {arrive_s:.0f} s "
+                         f"({exc.__class__.__name__})") from None
+    store = dist.PrefixStore(f"packfeed/attempt-{attempt}", base)
+    arrived = store.add("arrived", 1)
+    deadline = time.monotonic() + arrive_s
+    while arrived < world:
+        if time.monotonic() > deadline:
+            raise ValueError(f"rank {rank}: {arrived} of {world} ranks joined the group of attempt {attempt} in "
+                             f"{arrive_s:.0f} s; the others did not start (see their logs)")
+        time.sleep(0.2)
+        arrived = store.add("arrived", 0)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=GROUP_S))
+
+
 def distributed_env() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment; ValueError outside torchrun."""
     try:
@@ -262,7 +300,7 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
         run = dataclasses.replace(run, scaling=dataclasses.replace(run.scaling, num_workers=world))
     device = device_for(run, local_rank)
     check_attention(run.model.attn, device)  # every rank the same line, before the process group and any row
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    join_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world=world)
     try:
         with StopSignals(forwarded=True) as stop:
             opened, verdict = _checks(run, output, packed=packed, server=server, resume=resume, overwrite=overwrite,

@@ -162,8 +162,8 @@ def packing_figures(stats: Mapping[str, Any] | None, *, origin: str) -> dict[str
     (``origin``: ``PACKED_OUTPUT`` for a packed directory's stats.json, ``READER`` for the
     RunStats of the windows this run packed). None when they say nothing: no row counted (a
     packed directory's run, whose reader packs no window; a finished run resumed) or no
-    efficiency. The summary then has no packing line: a packed directory's run used to say
-    ``packing efficiency 0.0% (0 rows packed)`` of rows packed at 98%."""
+    efficiency. The summary then has no packing line rather than a 0.0% of rows the reader
+    never packed."""
     stats = stats or {}
     if not stats.get("rows") or stats.get("efficiency") is None:
         return None
