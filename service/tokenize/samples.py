@@ -16,10 +16,11 @@ byte-level BPE (``"fast"``, ~25x the HF single-core rate on code with Qwen2.5's 
 with identical ids and masks; ``"auto"`` (the default) takes the fast one only after proving it
 on this tokenizer and on the first window's samples (backend.py).
 
-Chat samples: a known template (the bundled ChatML, Qwen2.5) renders in Python (chat.py);
-with the fast encoder its conversations are tokenized straight from their turns, without a
-rendered text (chat_tokens.py); any other template renders through Jinja, 1 + 2 * (assistant
-turns) renders per conversation when only assistant turns are trained.
+Chat samples: a known template (the bundled ChatML, Qwen2.5), or one whose rendering is fixed
+text around each content (chat_frames.py: ChatML written any way, Llama 3, Gemma...), renders
+in Python (chat.py); with the fast encoder its conversations are tokenized straight from their
+turns, without a rendered text (chat_tokens.py); any other template renders through Jinja,
+1 + 2 * (assistant turns) renders per conversation when only assistant turns are trained.
 
 Cost: one batched encode per window and format group, a few numpy passes over the flat
 arrays, and O(1) Python calls per sample. Measured per 1M tokens on one core
