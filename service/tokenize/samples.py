@@ -188,8 +188,14 @@ class SampleTokenizer:
         return self._encoders.report
 
     def take_backend_report(self) -> dict[str, Any] | None:
-        """``backend_report`` once, after the back-end is chosen (for the run's stats); else None."""
-        return self._encoders.take_report()
+        """``backend_report`` once, after the back-end is chosen (for the run's stats); else None.
+        Where a chat template is rendered through Jinja (not known by its text nor by what it
+        renders: chat_frames.py), ``chat_template`` says why and how many samples so far."""
+        report = self._encoders.take_report()
+        if report is not None and self._chat is not None and self._chat.reasons:
+            report["chat_template"] = {"rendered_by": "jinja", "reasons": sorted(set(self._chat.reasons.values())),
+                                       "samples": self._chat.paths["jinja"]}
+        return report
 
     @property
     def pad_id(self) -> int:

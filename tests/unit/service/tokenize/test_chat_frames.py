@@ -10,6 +10,7 @@ Llama 3 the same vocabulary with Llama 3's header and turn markers added as spec
 from __future__ import annotations
 
 import copy
+import logging
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from test_tokenize import window
 from packfeed.service.inputs.records import Conversation
 from packfeed.service.tokenize.chat import ChatRenderer, ChatTemplateError, known_template
 from packfeed.service.tokenize.chat_frames import FramedTemplate, learn_frames
+from packfeed.service.tokenize.fast.backend import log_choices
 from packfeed.service.tokenize.samples import SampleTokenizer
 
 # ChatML three ways: loops, whitespace control, quotes, filters and variable names differ; the texts rendered do not
@@ -142,7 +144,7 @@ def test_a_framed_template_takes_the_turn_path_and_gives_the_rendering_paths_row
     assert taken >= 50, "the sweep's conversations went through the turn path"
 
 
-def test_a_template_not_of_that_form_falls_back_counted_with_its_reason(templated):
+def test_a_template_not_of_that_form_falls_back_counted_with_its_reason(templated, caplog):
     tok = templated["numbered"]
     batch = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
               {"role": "assistant", "content": "hello"}], [{"role": "user", "content": "hi"}],
@@ -153,7 +155,15 @@ def test_a_template_not_of_that_form_falls_back_counted_with_its_reason(template
         assert_same(jinja_tokenizer(tok, loss, True).tokenize(window(records)), fast.tokenize(window(records)))
         renderer = fast._renderer()
         assert renderer.paths["jinja"] >= len(batch) and renderer.paths["turns"] == renderer.paths["python"] == 0
-        assert "otherwise than as fixed text" in renderer.reasons[tok.get_chat_template()]
+        reason = renderer.reasons[tok.get_chat_template()]
+        assert "otherwise than as fixed text" in reason
+        report = fast.take_backend_report()  # what the run's stats and log say
+        assert report["chat_template"] == {"rendered_by": "jinja", "reasons": [reason], "samples": renderer.paths["jinja"]}
+        with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.fast.backend"):
+            log_choices([report, report], 0)
+        assert [r.getMessage() for r in caplog.records if "Jinja" in r.getMessage()] == [
+            f"tokenizer {fast.name!r}: its chat template is rendered through Jinja per sample: {reason}"]
+        caplog.clear()
 
 
 def test_a_learned_rendering_that_differs_on_the_data_is_dropped_for_jinja(templated):
