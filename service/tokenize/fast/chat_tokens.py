@@ -96,7 +96,8 @@ class TurnEncoder:
             normalized_byte_at(text, header) == len(text[:header].encode("utf-8", "surrogatepass")))
 
     def _fixed(self, cache: dict, key: tuple, text: str, place: str, close: str) -> _Fixed | None:
-        """``text`` (a lead, link or close) as a ``_Fixed``, made once per template and place;
+        """``text`` (a lead, link or close) as a ``_Fixed``, made once per template and place
+        (``key``: the roles before and after it, None for the conversation's start or end);
         None where the split could see something else at its edges (an added token that
         extends one of its own or overlaps one from the left) or a link holds no added token."""
         entry = cache.get(key, False)
@@ -145,9 +146,11 @@ class TurnEncoder:
             prev = None
             for m in messages:
                 role = m["role"]
-                f = (self._fixed(cache, ("lead", role), chat.fixed_lead(role), "lead", close_a) if prev is None else
-                     self._fixed(cache, ("link", prev, role), chat.fixed_link(prev, role), "link",
-                                 close_a if prev == "assistant" else ""))
+                f = cache.get((prev, role), False)  # (None, role): the lead
+                if f is False:
+                    f = (self._fixed(cache, (prev, role), chat.fixed_lead(role), "lead", close_a) if prev is None else
+                         self._fixed(cache, (prev, role), chat.fixed_link(prev, role), "link",
+                                     close_a if prev == "assistant" else ""))
                 if f is None:
                     break
                 if own_pieces:
@@ -161,7 +164,9 @@ class TurnEncoder:
                     own_headers.append((len(own_pieces) - 1, -1 if start == "start" else len(f.after)))
                 prev = role
             else:
-                f = self._fixed(cache, ("close", prev), chat.fixed_close(prev), "close", "")
+                f = cache.get((prev, None), False)  # (role, None): the close
+                if f is False:
+                    f = self._fixed(cache, (prev, None), chat.fixed_close(prev), "close", "")
                 if f is not None:
                     own_pieces[-1] += f.before
                     own_fixed.append(f)
