@@ -35,7 +35,8 @@ QWEN_REWRITTEN = (
     "{%- set ns = namespace(opened=false) -%}\n"
     "{%- for turn in messages -%}\n"
     "  {%- if loop.first and turn.role != \"system\" -%}\n"
-    "    {{- \"<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n\" -}}\n"
+    "    {{- \"<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. \"\n"
+    "        ~ \"You are a helpful assistant.<|im_end|>\\n\" -}}\n"
     "  {%- endif -%}\n"
     "  {{- \"<|im_start|>\" ~ turn.role ~ \"\\n\" ~ turn.content ~ \"<|im_end|>\" ~ \"\\n\" -}}\n"
     "{%- endfor -%}\n"
@@ -100,8 +101,9 @@ def write_chat_corpus(work: Path, tokens: int, seed: int = 0) -> dict[str, Path]
             f.write(json.dumps({"text": next(sources)}) + "\n")
     with open(out["prompt_completion"], "w", encoding="utf-8") as f:
         for _ in range(counts["prompt_completion"]):
-            f.write(json.dumps({"prompt": "Question: " + _sentence(rng, 6, 16) + "\nAnswer: ",
-                                "completion": " ".join(_sentence(rng, 6, 18) for _ in range(rng.randint(2, 6)))}) + "\n")
+            answer = " ".join(_sentence(rng, 6, 18) for _ in range(rng.randint(2, 6)))
+            prompt = "Question: " + _sentence(rng, 6, 16) + "\nAnswer: "
+            f.write(json.dumps({"prompt": prompt, "completion": answer}) + "\n")
     return out
 
 

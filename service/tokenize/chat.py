@@ -181,7 +181,7 @@ class ChatRenderer:
         self._tok, self._name, self._native = tokenizer, name, native
         self._known: dict[str, ChatML | FramedTemplate | None] = {}  # template -> its Python rendering, if any
         self._unverified: dict[str, int] = {}  # learned template -> conversations still to check against Jinja
-        self.paths: Counter[str] = Counter()  # samples by how they were rendered: "python", "jinja" ("turns": chat_tokens.py)
+        self.paths: Counter[str] = Counter()  # samples by path: "python", "jinja" ("turns": chat_tokens.py)
         self.reasons: dict[str, str] = {}  # template -> why Jinja renders it
         self._loaded = False
         self._kwargs = dict(tokenizer.special_tokens_map)
@@ -221,7 +221,8 @@ class ChatRenderer:
             self._unverified[source] -= 1
             if not self._renders_as_jinja(known, messages):
                 self._known[source] = None
-                self.reasons[source] = f"its learned rendering differs from Jinja on a conversation of the data: {messages!r}"[:500]
+                self.reasons[source] = ("its learned rendering differs from Jinja on a conversation of the data: "
+                                        f"{messages!r}")[:500]
                 logger.warning("tokenizer %r: %s; Jinja renders its conversations", self._name, self.reasons[source])
                 return None
         return known

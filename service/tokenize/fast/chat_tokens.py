@@ -232,7 +232,8 @@ class TurnEncoder:
         trained = np.repeat(np.arange(len(runs)) % 2 == 1, runs)
         return lengths, ids, trained
 
-    def _after_header(self, flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, header: np.ndarray) -> np.ndarray:
+    def _after_header(self, flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                      header: np.ndarray) -> np.ndarray:
         """Per assistant piece: its first token starting at or after byte ``header`` (its token
         count when none does). Token k of a piece starts at byte k or later, so the first
         ``header + 1`` tokens decide."""

@@ -27,7 +27,8 @@ from packfeed.service.tokenize.samples import SampleTokenizer
 
 # ChatML three ways: loops, whitespace control, quotes, filters and variable names differ; the texts rendered do not
 CHATML_LOOP = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-               "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+               "'<|im_end|>' + '\n'}}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CHATML_TRIMMED = (
     "{%- for turn in messages -%}\n"
     "    {{- \"<|im_start|>\" ~ turn.role ~ \"\\n\" -}}\n"
@@ -38,7 +39,8 @@ CHATML_TRIMMED = (
 )
 CHATML_QWEN_SYSTEM = (
     "{% set ns = namespace(first=true) %}{% for m in messages %}"
-    "{% if ns.first and m.role != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{% if ns.first and m.role != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
     "{% set ns.first = false %}{{ '<|im_start|>%s\\n%s<|im_end|>\\n' | format(m.role, m.content) }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
@@ -158,7 +160,8 @@ def test_a_template_not_of_that_form_falls_back_counted_with_its_reason(template
         reason = renderer.reasons[tok.get_chat_template()]
         assert "otherwise than as fixed text" in reason
         report = fast.take_backend_report()  # what the run's stats and log say
-        assert report["chat_template"] == {"rendered_by": "jinja", "reasons": [reason], "samples": renderer.paths["jinja"]}
+        assert report["chat_template"] == {"rendered_by": "jinja", "reasons": [reason],
+                                           "samples": renderer.paths["jinja"]}
         with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.fast.backend"):
             log_choices([report, report], 0)
         assert [r.getMessage() for r in caplog.records if "Jinja" in r.getMessage()] == [
