@@ -65,6 +65,7 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.packed.writer import write_part
 from packfeed.service.pipeline import placement
+from packfeed.service.pipeline.collector import collector_paused
 from packfeed.service.pipeline import window as windows  # process_window looked up per call: drills slow it
 from packfeed.service.pipeline.part_sink import RowLedger, part_name
 from packfeed.service.pipeline.scaling import PackingScaling
@@ -170,7 +171,8 @@ class HeadStart:
                     self._began = k, began, own, others
                     self._cond.notify_all()
                 faults.point("packer-window", k)
-                rows, stats = windows.process_window(self.plan.window(k), tokenizers, self.config, self.plan)
+                with collector_paused():  # no collector pass inside a window's work (collector.py)
+                    rows, stats = windows.process_window(self.plan.window(k), tokenizers, self.config, self.plan)
                 seconds = time.perf_counter() - began
                 if k == 0:
                     self._first_seconds = seconds

@@ -53,6 +53,7 @@ from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow, rows
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.metrics import WindowMetrics
+from packfeed.service.pipeline.collector import collector_paused, freeze_setup
 from packfeed.service.pipeline.part_sink import PartSink
 from packfeed.service.pipeline.placement import node_resources
 from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
@@ -105,6 +106,7 @@ class WindowActor:
         self.metrics = WindowMetrics()  # Ray's metrics: packing shows on the cluster's endpoint
         self.source_names = [s.name for s in plan.sources]
         self.threads, self.packed_windows = threads, 0
+        freeze_setup()  # the set-up's objects are never walked by the collector again (collector.py)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         return pa.concat_tables([self._window(int(k)) for k in batch["window"]])
@@ -117,12 +119,13 @@ class WindowActor:
             return written_table(k, None, None, None, self._take_timings())  # the driver's
         busy_from, cpu_from = time.perf_counter(), time.process_time()
         faults.point("packer-window", k)
-        rows, stats = self.process_window(self.plan.window(k), self.tokenizers, self.config, self.plan)
-        self.metrics.record(stats, self.source_names)
-        if self.sink is None:
-            return window_table(k, rows, stats)
-        packed = time.time()
-        name, numbering = self.sink.write(k, rows)
+        with collector_paused():  # no collector pass inside a window's work (collector.py)
+            rows, stats = self.process_window(self.plan.window(k), self.tokenizers, self.config, self.plan)
+            self.metrics.record(stats, self.source_names)
+            if self.sink is None:
+                return window_table(k, rows, stats)
+            packed = time.time()
+            name, numbering = self.sink.write(k, rows)
         timings = self._take_timings()
         if timings is not None:
             timings.call_start, timings.packed, timings.written = called, packed, time.time()

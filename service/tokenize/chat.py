@@ -19,23 +19,32 @@ for a one-message prefix and ~20 us for four messages with Qwen2.5's template: a
 encoding the chat. Known templates are therefore rendered in Python (``ChatML``: a conversation
 and its spans in one render of a few microseconds), picked by the template's exact text
 (``known_template``) and only for the messages whose rendering they reproduce (string contents,
-known roles, no tools or tool calls); everything else, and every template not known, goes
-through Jinja. The equality is proven by a sweep against Jinja in the tests
-(tests/unit/service/tokenize/test_chat_native.py) and checked again on every run: the driver
-renders the probed conversations both ways, and a difference sends the whole run through Jinja
-(``SampleTokenizer.check_chat_template``).
+known roles, no tools or tool calls). A template not known by its text is known by what it
+renders when that is fixed text around each turn's content (chat_frames.py: learned by
+rendering probe conversations through it once per process, checked against Jinja on its first
+``VERIFIED_CONVERSATIONS`` conversations). Everything else goes through Jinja, each such
+sample counted (``ChatRenderer.paths``) and each template's reason kept
+(``ChatRenderer.reasons``). The equality is proven by sweeps against Jinja in the tests
+(tests/unit/service/tokenize/test_chat_native.py, test_chat_frames.py) and checked again on
+every run: the driver renders the probed conversations both ways, and a difference sends the
+whole run through Jinja (``SampleTokenizer.check_chat_template``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from packfeed.service.inputs.read import RawWindow
 from packfeed.service.inputs.records import Conversation
+from packfeed.service.tokenize.chat_frames import FramedTemplate, learn_frames
 
+logger = logging.getLogger(__name__)
+VERIFIED_CONVERSATIONS = 256  # a learned template's first conversations in a process, rendered both ways too
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
@@ -87,6 +96,26 @@ class ChatML:
             parts.append(_GENERATION_PROMPT)
         return "".join(parts)
 
+    # ---- the fixed texts between contents, as the turn encoder asks them (chat_frames.py) --------------
+    def fixed_lead(self, role: str) -> str:
+        opening = "" if self.default_system is None or role == "system" else (
+            f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+        return f"{opening}<|im_start|>{role}\n"
+
+    def fixed_link(self, prev: str, role: str) -> str:
+        return f"<|im_end|>\n<|im_start|>{role}\n"
+
+    def fixed_close(self, role: str) -> str:
+        return "<|im_end|>\n"
+
+    def assistant_from(self, prev: str | None) -> str:
+        """"content" (an assistant turn trains from its content), or "start" (from the
+        conversation's first token: a template with a default system turn that opens with it)."""
+        return "start" if prev is None and self.default_system is not None else "content"
+
+    def assistant_close(self) -> str:
+        return "<|im_end|>\n"
+
     def conversation(self, messages: list[dict]) -> tuple[str, list]:
         """``render(messages)`` and the spans of its assistant turns, in one render: what
         ``ChatRenderer.conversation`` finds by rendering prefixes (from the end of the turn's
@@ -131,7 +160,8 @@ def known_template(source: str | None) -> ChatML | None:
 class ChatRenderer:
     """Renders conversations exactly as ``apply_chat_template(..., tokenize=False)`` does.
 
-    A known template (``known_template``) renders the messages it accepts in Python. Otherwise
+    A known template (``known_template``), or one learned from what it renders
+    (chat_frames.py), renders the messages it accepts in Python. Otherwise
     transformers' compiled Jinja template is used directly, with the same template variables
     (the special tokens map, ``tools``, ``documents=None``), its render function called on a
     context built from one prepared dict: ~13 us for a one-message prefix against ~30 us
@@ -149,7 +179,10 @@ class ChatRenderer:
                 "or rows of `text` or of string prompt/completion"
             )
         self._tok, self._name, self._native = tokenizer, name, native
-        self._known: dict[str, ChatML | None] = {}  # template -> its Python rendering, if known
+        self._known: dict[str, ChatML | FramedTemplate | None] = {}  # template -> its Python rendering, if any
+        self._unverified: dict[str, int] = {}  # learned template -> conversations still to check against Jinja
+        self.paths: Counter[str] = Counter()  # samples by path: "python", "jinja" ("turns": chat_tokens.py)
+        self.reasons: dict[str, str] = {}  # template -> why Jinja renders it
         self._loaded = False
         self._kwargs = dict(tokenizer.special_tokens_map)
         self._ctu = None
@@ -171,15 +204,52 @@ class ChatRenderer:
     def _template(self, tools: list | None) -> str:
         return self._tok.get_chat_template(None, tools)
 
-    def native_for(self, messages: list, tools: list | None) -> ChatML | None:
-        """The Python rendering that gives ``messages`` (with ``tools``) the template's text, if any."""
+    def native_for(self, messages: list, tools: list | None) -> ChatML | FramedTemplate | None:
+        """The Python rendering that gives ``messages`` (with ``tools``) the template's text, if
+        any: a known template's (``known_template``), else the one learned from what the
+        template renders (chat_frames.py), checked against Jinja on its first
+        ``VERIFIED_CONVERSATIONS`` conversations here (a difference: Jinja from then on)."""
         if not self._native:
             return None
         source = self._template(tools)
         known = self._known.get(source, False)
         if known is False:
-            known = self._known[source] = known_template(source)
-        return known if known is not None and known.accepts(messages, tools) else None
+            known = self._known[source] = self._python_rendering(source)
+        if known is None or not known.accepts(messages, tools):
+            return None
+        if self._unverified.get(source):
+            self._unverified[source] -= 1
+            if not self._renders_as_jinja(known, messages):
+                self._known[source] = None
+                self.reasons[source] = ("its learned rendering differs from Jinja on a conversation of the data: "
+                                        f"{messages!r}")[:500]
+                logger.warning("tokenizer %r: %s; Jinja renders its conversations", self._name, self.reasons[source])
+                return None
+        return known
+
+    def _python_rendering(self, source: str) -> ChatML | FramedTemplate | None:
+        """``source``'s known rendering, or its fixed texts learned by rendering probes through it."""
+        known = known_template(source)
+        if known is not None:
+            return known
+        if _GENERATION_TAG.search(source):
+            self.reasons[source] = "its {% generation %} markers say which characters are trained"
+            return None
+        learned = learn_frames(lambda m, g: self._jinja(m, None, g), self._name)
+        if isinstance(learned, str):
+            self.reasons[source] = learned
+            logger.info("tokenizer %r: %s; Jinja renders its conversations", self._name, learned)
+            return None
+        self._unverified[source] = VERIFIED_CONVERSATIONS
+        return learned
+
+    def _renders_as_jinja(self, known: FramedTemplate, messages: list[dict]) -> bool:
+        """Whether ``known`` gives ``messages`` the text and spans Jinja's prefix renders give."""
+        try:
+            return known.conversation(messages) == self._prefix_spans(lambda m, g=False: self._jinja(m, None, g),
+                                                                      messages)
+        except Exception:
+            return False
 
     def render(self, messages: list[dict], tools: list | None, generation_prompt: bool = False) -> str:
         native = self.native_for(messages, tools)
@@ -228,6 +298,7 @@ class ChatRenderer:
     def conversation(self, messages: list[dict], tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered text and the character spans of its assistant turns."""
         messages, tools, render, native = self._prepared(messages, tools)
+        self.paths["jinja" if native is None else "python"] += 1
         if all_loss:
             return render(messages), []
         if native is not None:
@@ -241,6 +312,10 @@ class ChatRenderer:
                     return_assistant_tokens_mask=True, **self._kwargs,
                 )  # fmt: skip
                 return rendered[0], [tuple(s) for s in indices[0]]
+        return self._prefix_spans(render, messages)
+
+    def _prefix_spans(self, render: Any, messages: list[dict]) -> tuple[str, list]:
+        """``render(messages)`` and its assistant turns' spans, found by rendering prefixes."""
         full = render(messages)
         spans = []
         last = len(messages) - 1
@@ -255,7 +330,8 @@ class ChatRenderer:
 
     def prompt_completion(self, prompt: list, completion: list, tools: list | None, all_loss: bool) -> tuple[str, list]:
         """The rendered prompt + completion and the span of the completion (after the generation prompt)."""
-        messages, tools, render, _ = self._prepared(prompt + completion, tools)
+        messages, tools, render, native = self._prepared(prompt + completion, tools)
+        self.paths["jinja" if native is None else "python"] += 1
         full = render(messages)
         if all_loss:
             return full, []

@@ -22,8 +22,8 @@ preference             prompt + chosen, then prompt +        both answers (pair_
 
 ``loss="all"`` trains every token. Which characters of a chat sample are assistant turns:
 chat.py; the tokens under characters: encoders.py (``first_tokens``, ``span_tokens``); the mask
-kernels: masks.py. Chat samples of a known ChatML template go through the fast encoder's turn
-encoder when it has one (``turns_group``: fast/chat_tokens.py), the others are rendered to text
+kernels: masks.py. Chat samples of a template rendered in Python (chat.py) go through the fast
+encoder's turn encoder when it has one (``turns_group``: fast/chat_tokens.py), the others are rendered to text
 (``rendered_group``). A record an encoder or a template refuses is appended to ``skipped`` as
 (position, reason, detail), not raised; a ``ChatTemplateError`` (the template cannot say where
 the assistant turns are) is the run's error.
@@ -109,7 +109,7 @@ def standard_group(encoder: Any, records: list[Any], pos: list[int], skipped: li
 
 def turns_group(turns: TurnEncoder | None, renderer: Callable[[], ChatRenderer], raw: RawWindow, pos: list[int],
                 all_loss: bool) -> tuple[FormatGroup | None, list[int]]:
-    """The conversations of a known ChatML template that the fast encoder tokenizes from their
+    """The conversations of a template rendered in Python that the fast encoder tokenizes from their
     turns (chat_tokens.py; ``turns`` None: this encoder has none), and the positions left for
     the text path. ``renderer``: the tokenizer's ``ChatRenderer``, made on first use."""
     if turns is None:
@@ -129,6 +129,7 @@ def turns_group(turns: TurnEncoder | None, renderer: Callable[[], ChatRenderer],
     if out is None:
         return None, pos
     taken, lengths, ids, trained = out
+    chat_renderer.paths["turns"] += len(taken)
     if len(taken) < len(candidates):
         taken_set = set(taken)
         rest = sorted(rest + [p for k, p in enumerate(candidates) if k not in taken_set])

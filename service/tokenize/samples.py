@@ -16,10 +16,11 @@ byte-level BPE (``"fast"``, ~25x the HF single-core rate on code with Qwen2.5's 
 with identical ids and masks; ``"auto"`` (the default) takes the fast one only after proving it
 on this tokenizer and on the first window's samples (backend.py).
 
-Chat samples: a known template (the bundled ChatML, Qwen2.5) renders in Python (chat.py);
-with the fast encoder its conversations are tokenized straight from their turns, without a
-rendered text (chat_tokens.py); any other template renders through Jinja, 1 + 2 * (assistant
-turns) renders per conversation when only assistant turns are trained.
+Chat samples: a known template (the bundled ChatML, Qwen2.5), or one whose rendering is fixed
+text around each content (chat_frames.py: ChatML written any way, Llama 3, Gemma...), renders
+in Python (chat.py); with the fast encoder its conversations are tokenized straight from their
+turns, without a rendered text (chat_tokens.py); any other template renders through Jinja,
+1 + 2 * (assistant turns) renders per conversation when only assistant turns are trained.
 
 Cost: one batched encode per window and format group, a few numpy passes over the flat
 arrays, and O(1) Python calls per sample. Measured per 1M tokens on one core
@@ -187,8 +188,14 @@ class SampleTokenizer:
         return self._encoders.report
 
     def take_backend_report(self) -> dict[str, Any] | None:
-        """``backend_report`` once, after the back-end is chosen (for the run's stats); else None."""
-        return self._encoders.take_report()
+        """``backend_report`` once, after the back-end is chosen (for the run's stats); else None.
+        Where a chat template is rendered through Jinja (not known by its text nor by what it
+        renders: chat_frames.py), ``chat_template`` says why and how many samples so far."""
+        report = self._encoders.take_report()
+        if report is not None and self._chat is not None and self._chat.reasons:
+            report["chat_template"] = {"rendered_by": "jinja", "reasons": sorted(set(self._chat.reasons.values())),
+                                       "samples": self._chat.paths["jinja"]}
+        return report
 
     @property
     def pad_id(self) -> int:

@@ -233,12 +233,21 @@ def log_choices(checks: list[dict[str, Any]], start: int) -> None:
     actors send them in their window stats: a run's ``RunStats.tokenizer_checks``) that differ
     from every earlier one and from what the driver said before Ray (``check_early``): one
     line per run and choice, not one per actor."""
-    said = {_choice_line(report) for report in checks[:start]} | _SAID_EARLY
+    said = {line for report in checks[:start] for line in _lines(report)} | _SAID_EARLY
     for report in checks[start:]:
-        line = _choice_line(report)
-        if line and line not in said:
-            said.add(line)
-            logger.info("%s", line)
+        for line in _lines(report):
+            if line not in said:
+                said.add(line)
+                logger.info("%s", line)
+
+
+def _lines(report: dict[str, Any]) -> list[str]:
+    """The back-end choice's line and, where a chat template is rendered through Jinja, why."""
+    chat = report.get("chat_template") or {}
+    lines = [f"tokenizer {report.get('tokenizer')!r}: its chat template is rendered through Jinja per sample: {reason}"
+             for reason in chat.get("reasons", ())]
+    choice = _choice_line(report)
+    return ([choice] if choice else []) + lines
 
 
 def _choice_line(report: dict[str, Any]) -> str | None:

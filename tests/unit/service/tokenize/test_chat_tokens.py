@@ -123,4 +123,8 @@ def test_the_turn_path_is_only_for_the_fast_encoder_of_a_vocabulary_it_is_exact_
     broken = tok.backend_tokenizer.__class__.from_str(tok.backend_tokenizer.to_str())
     broken.add_special_tokens([AddedToken("<|im_start|>assistant", special=True)])
     fast_broken, _, _ = load_fast(broken, threads=1)
-    assert TurnEncoder.of(fast_broken) is None
+    chat = known_template(tok.get_chat_template())
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert TurnEncoder.of(fast_encoder).encode(chat, [conversation], False)[0] == [0]
+    # an added token that extends a marker: no fixed text of the template is split alike, nothing is taken
+    assert TurnEncoder.of(fast_broken).encode(chat, [conversation], False)[0] == []
