@@ -10,7 +10,7 @@ step, a metrics record every step.
   accumulation (the same rows per step: DCP reshards the weights and AdamW's moments) trains the
   uninterrupted run's losses and final weights and writes a complete final/; ``--resume`` of the
   finished run changes nothing and starts no Ray (the test of SIGTERM to `packfeed train`; Ctrl-C
-  is in test_train_signals.py, `ray job stop` in test_local_cluster.py);
+  is in test_train_signals.py, `ray job stop` in cluster/test_local_cluster.py);
 * ``summary.json`` says what each rank held: half the parameter and optimizer bytes under fsdp.
 """
 
