@@ -76,7 +76,3 @@ def reference() -> tuple[dict, float, int]:
         total += float(loss.detach())
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return grads, total / count, count
-
-
-def relative_error(a: dict, b: dict) -> float:
-    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)) for n in b)
