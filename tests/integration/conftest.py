@@ -5,6 +5,14 @@ directory, before any other test runs (unit tests must find no Ray). Its workers
 not sent to this process: a worker line printed late would land in a later test's captured
 stderr (the CLI tests check that a user error is the last line). Tests read what the driver
 says. A command run in-process (``main([...])``) uses it and leaves it running.
+
+The tests are in rooms by the command they exercise: pack/ (``packfeed pack``: packing, the head
+start, tokenizers, mixtures and pairs packed), serve/ (``packfeed serve`` and its clients),
+train/ (``packfeed train``, the step's contract, torchrun, FSDP), cluster/ (Ray clusters and a
+command's own Ray), storage/ (object stores, with a conftest of its own). This conftest serves
+them all. No folder has an ``__init__.py``: pytest imports each test file by its name alone, so
+a test file's name is unique under tests/ (pytest stops at collection with "import file
+mismatch" otherwise); shared helpers live in tests/support/ (``pythonpath = ["tests"]``).
 """
 
 import logging

@@ -25,6 +25,7 @@ from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, check_rows, select
 from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch  # noqa: E402
 from packfeed.trainer.objective.dpo_loss import LN2, DpoLoss  # noqa: E402
 from packfeed.trainer.model.tiny import TINY_FAMILIES, tiny_config  # noqa: E402
+from support.compare import relative_error  # noqa: E402
 from support.pair_rows import alone_logps, pack_pairs, random_pairs, segments_of, unpacked_dpo_loss  # noqa: E402
 
 VOCAB, SEQ_LEN, NUM_PAIRS = 96, 40, 10
@@ -60,10 +61,6 @@ def grads_of(model) -> dict:
     out = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return out
-
-
-def relative_error(a: dict, b: dict) -> float:
-    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)) for n in b)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

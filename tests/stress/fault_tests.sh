@@ -12,10 +12,10 @@ RUNS=${1:-10}
 shift || true
 LOGS=${PACKFEED_STRESS_LOGS:-$(mktemp -d -t packfeed-faults-XXXX)}
 TESTS=(
-    "tests/integration/test_serve_failures.py::test_server_killed_mid_stream_then_restarted_delivers_every_sample_once"
-    "tests/integration/test_serve_robustness.py::test_a_failed_reader_under_exit_on_failure_exits_1_saying_why"
-    "tests/integration/test_pack_cli.py::test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same"
-    "tests/integration/test_train_resume.py::test_a_restarted_group_gets_rows_the_feeder_no_longer_holds"
+    "tests/integration/serve/test_serve_failures.py::test_server_killed_mid_stream_then_restarted_delivers_every_sample_once"
+    "tests/integration/serve/test_serve_robustness.py::test_a_failed_reader_under_exit_on_failure_exits_1_saying_why"
+    "tests/integration/pack/test_pack_cli.py::test_a_packing_actor_that_dies_is_replaced_and_the_rows_are_the_same"
+    "tests/integration/train/test_train_resume.py::test_a_restarted_group_gets_rows_the_feeder_no_longer_holds"
 )
 passed=0
 failed=0

@@ -1,9 +1,12 @@
-"""Helpers for the tests of inputs/: the windows of a few input files, planned the simple way."""
+"""Helpers for the tests of inputs/: the windows of a few input files, planned the simple way;
+Arrow IPC files and streams written in batches of a given size."""
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
+
+import pyarrow as pa
 
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import build_plan
@@ -18,3 +21,18 @@ def plan_windows(inputs: Sequence[str] | str, *, window_samples: int, format: st
                                     format=format)
     plan = build_plan(config)
     return [plan.window(k) for k in range(plan.num_windows)]
+
+
+def write_arrow_ipc(sink: Any, table: pa.Table, *, stream: bool, batch_rows: int) -> None:
+    """``table`` to ``sink`` (a path or a writable file) as an Arrow IPC stream or file, in record
+    batches of ``batch_rows`` rows."""
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=batch_rows):
+            writer.write_batch(batch)
+
+
+def arrow_ipc_bytes(table: pa.Table, *, stream: bool, batch_rows: int) -> bytes:
+    """The bytes ``write_arrow_ipc`` writes."""
+    sink = pa.BufferOutputStream()
+    write_arrow_ipc(sink, table, stream=stream, batch_rows=batch_rows)
+    return sink.getvalue().to_pybytes()

@@ -21,7 +21,6 @@ import ctypes
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,15 +30,10 @@ from typing import Iterator
 
 import pytest
 
+from support.ports import free_port
 from support.s3_proxy import FaultProxy
 
 STARTUP_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_until_answering(url: str, proc: subprocess.Popen | None = None) -> None:

@@ -1,8 +1,8 @@
 """The step contract's fixture: samples of very different lengths and prompt masks, packed by
 the real packer into 2 ranks x 2 micro-batches of very different token counts, and the
 reference (the token mean over the samples run one at a time, unpacked, in one process).
-Used by tests/integration/test_train_ddp_loss.py (DDP) and test_fsdp.py (FSDP2, checkpointing,
-the chunked loss)."""
+Used by tests/integration/train/test_train_ddp_loss.py (DDP) and test_fsdp.py (FSDP2,
+checkpointing, the chunked loss)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,3 @@ def reference() -> tuple[dict, float, int]:
         total += float(loss.detach())
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return grads, total / count, count
-
-
-def relative_error(a: dict, b: dict) -> float:
-    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)) for n in b)

@@ -1,7 +1,8 @@
 """A small `packfeed train` run as a real process, and what a stopped or finished one must show.
 
-Used by tests/integration/test_train_signals.py (Ctrl-C), test_train_fsdp.py (SIGTERM to the
-driver, resumed at another world size) and test_local_cluster.py (`ray job stop`). The run:
+Used by tests/integration/train/test_train_signals.py (Ctrl-C), train/test_train_fsdp.py (SIGTERM
+to the driver, resumed at another world size) and cluster/test_local_cluster.py (`ray job stop`).
+The run:
 tiny Llama, 2 workers, seq_len 256, 4 rows a step, a metrics record every step, the only
 checkpoint at the stop (or the end), every (step, rank)'s rows recorded.
 """

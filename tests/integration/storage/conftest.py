@@ -12,9 +12,20 @@ from support.s3 import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtur
 
 from packfeed.service.inputs.disk_cache import DIR_ENV
 from packfeed.service.inputs.read_cache import reset_shared_caches
+from packfeed.service.pipeline import head_start, raycluster
 from packfeed.service.storage import RetryPolicy, set_policy
 
 FAST = RetryPolicy(budget_s=2.0, num_connect_attempts=3, base_delay_s=0.005, max_delay_s=0.05)
+
+
+@pytest.fixture
+def driver_alone(monkeypatch):
+    """``packfeed pack`` in this process packed by its driver alone, as a small pack in a process of
+    its own is: no Ray starts (one would fail the test), the policy and the proxy are this process's."""
+    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)  # as in a process of its own
+    monkeypatch.setattr(head_start, "RAY_START_S", 1e6)  # the driver packs alone: no Ray
+    monkeypatch.setattr(raycluster, "init_ray", lambda *a, **k: pytest.fail("no Ray for this run"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ import pytest
 from packfeed.service import storage
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline import head_start, raycluster
 from packfeed.service.pipeline.pack_run import run_pack
 from packfeed.trainer.state import run_dir
 
@@ -26,11 +25,7 @@ def keys(s3, bucket: str) -> list[str]:
     return sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=bucket).get("Contents", []))
 
 
-def test_a_clean_pack_on_s3_reports_no_failed_request(s3, monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)  # as in a process of its own
-    monkeypatch.setattr(head_start, "RAY_START_S", 1e6)  # the driver packs alone: no Ray
-    monkeypatch.setattr(raycluster, "init_ray", lambda *a, **k: pytest.fail("no Ray for this run"))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+def test_a_clean_pack_on_s3_reports_no_failed_request(s3, driver_alone, tmp_path, capsys):
     bucket = s3.bucket("clean")
     source = next(p for p in demo_corpus_paths() if p.endswith("instruct.jsonl"))
     with open(source, "rb") as f:

@@ -17,6 +17,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.inputs import arrow_ipc_bytes
 
 from packfeed.service import storage
 from packfeed.service.data.config import DataConfig, SourceConfig
@@ -38,14 +39,6 @@ def _jsonl(rows, *, sep=b"\n", final=True, bom=False) -> bytes:
     return (b"\xef\xbb\xbf" if bom else b"") + sep.join(lines) + (sep if final else b"")
 
 
-def _ipc(table: pa.Table, fmt: str, batch_rows: int) -> bytes:
-    sink = pa.BufferOutputStream()
-    with (pa.ipc.new_file if fmt == "file" else pa.ipc.new_stream)(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=batch_rows):
-            writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 def _write_corpus(root) -> None:
     texts = [{"text": f"doc {i} " + "word " * (i % 9)} for i in range(30)]
     files = {
@@ -56,8 +49,8 @@ def _write_corpus(root) -> None:
         "chat/messages.jsonl": _jsonl([{"messages": CHAT}] * 5 + [{"messages": []}] + [{"messages": CHAT[:1]}] * 4),
         "chat/pc.ndjson": _jsonl([{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(9)]),
         "columnar/p.parquet": None,
-        "columnar/f.arrow": _ipc(pa.Table.from_pylist(texts), "file", batch_rows=4),
-        "columnar/s.arrow": _ipc(pa.Table.from_pylist(texts[:23]), "stream", batch_rows=5),
+        "columnar/f.arrow": arrow_ipc_bytes(pa.Table.from_pylist(texts), stream=False, batch_rows=4),
+        "columnar/s.arrow": arrow_ipc_bytes(pa.Table.from_pylist(texts[:23]), stream=True, batch_rows=5),
         "docs/a.txt": b"first document\n",
         "docs/b.md": "\ufeffsecond \u00e9".encode(),
         "docs/c.txt": b"  \n",

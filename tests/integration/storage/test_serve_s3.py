@@ -1,6 +1,6 @@
 """``packfeed serve`` with its inputs and its ``--state-dir`` on S3 (moto on 127.0.0.1, through
 the counting proxy): SIGKILLed mid-stream and started again, it delivers every row exactly once
-(the contract of test_serve_failures.py), the restart reads no input to plan (the scan manifest
+(the contract of serve/test_serve_failures.py), the restart reads no input to plan (the scan manifest
 and the probe's record in the state dir), and a packed directory on S3 is served as it is.
 
 The servers are real processes (tests/support/serve.py), each with its own embedded Ray that

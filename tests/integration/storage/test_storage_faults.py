@@ -6,7 +6,7 @@ import time
 import pyarrow.fs as pafs
 import pytest
 
-from support.s3 import free_port
+from support.ports import free_port
 
 from packfeed.service.storage import (
     COUNTERS,

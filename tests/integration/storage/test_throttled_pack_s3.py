@@ -27,7 +27,6 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.inputs.read_cache import reset_shared_caches
 from packfeed.service.packed.writer import read_packed_dir
-from packfeed.service.pipeline import head_start, raycluster
 from packfeed.service.pipeline.pack_run import run_pack
 from packfeed.service.pipeline.summary import format_summary
 from packfeed.service.storage.limiter import limiter_for
@@ -37,14 +36,6 @@ from packfeed.service.storage.store_errors import DENIED
 pytestmark = pytest.mark.integration
 
 ROW_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_ids", "row_index")
-
-
-@pytest.fixture
-def driver_alone(monkeypatch):
-    monkeypatch.setattr(raycluster, "ray_initialised", lambda: False)  # as in a process of its own
-    monkeypatch.setattr(head_start, "RAY_START_S", 1e6)  # the driver packs alone: no Ray
-    monkeypatch.setattr(raycluster, "init_ray", lambda *a, **k: pytest.fail("no Ray for this run"))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 
 def test_a_pack_through_sustained_throttling_equals_a_clean_one_and_a_denied_object_fails_at_once(

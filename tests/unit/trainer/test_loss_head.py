@@ -18,6 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.compare import relative_error  # noqa: E402
+from support.torch_ranks import one_torch_thread  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
@@ -43,6 +45,9 @@ EQUAL = 1e-6  # relative, loss and every parameter's gradient (float32); measure
 # states' gradients differ in their last bit, which backward through two layers amplifies (measured
 # <= 9.9e-7, olmo2's k_norm); the full path itself on 2 threads instead of 1 moves by 1.8e-7.
 EQUAL_ONE_TOKEN_CHUNKS = 2e-6
+# Gradients are compared with |b| floored at 1e-3 of the largest gradient's norm: some are rounding
+# noise around a true 0 (a key projection's bias), and noise has no relative precision.
+NOISE_FLOOR = 1e-3
 
 # Every class of LOGIT_TRANSFORMS -> (model_type, config overrides that make its transform
 # matter on a random tiny model, attention back-end).
@@ -92,11 +97,8 @@ def tiny_model(forward_class: str, seed: int = 0):
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy 2-core box they cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def packed_inputs(num_rows: int = ROWS, seed: int = 10) -> dict:
@@ -131,15 +133,6 @@ def loss_and_grads(model, inputs: dict, chunk_tokens: int) -> tuple[float, dict]
     return float(loss.detach()), grads
 
 
-def relative_error(a: dict, b: dict) -> float:
-    """The largest over parameters of |a - b| / |b|, |b| floored at 1e-3 of the largest
-    gradient's norm: some gradients are rounding noise around a true 0 (a key projection's
-    bias: softmax ignores a shift shared by all keys), and noise has no relative precision."""
-    assert a.keys() == b.keys()
-    floor = 1e-3 * max(float(g.norm()) for g in b.values())
-    return max(float((a[n] - b[n]).norm()) / max(float(b[n].norm()), floor) for n in b)
-
-
 def chunk_sizes(n: int) -> list[int]:
     divisor = max(d for d in range(2, n) if n % d == 0)
     return [1, 7, divisor, n + 5]
@@ -164,7 +157,8 @@ def test_chunked_loss_and_gradients_equal_the_full_logits(forward_class):
     for chunk in chunk_sizes(n):
         loss, grads = loss_and_grads(model, inputs, chunk)
         assert loss == pytest.approx(full_loss, rel=EQUAL), (forward_class, chunk)
-        assert relative_error(grads, full_grads) < (EQUAL_ONE_TOKEN_CHUNKS if chunk == 1 else EQUAL), chunk
+        error = relative_error(grads, full_grads, noise_floor=NOISE_FLOOR)
+        assert error < (EQUAL_ONE_TOKEN_CHUNKS if chunk == 1 else EQUAL), chunk
 
     # Negative control: one slot of misalignment between hidden states and targets.
     shifted = dict(inputs, labels=torch.roll(inputs["labels"], 1, dims=1))
@@ -238,7 +232,8 @@ def test_a_micro_batch_without_a_trained_token(forward_class):
     model.zero_grad(set_to_none=True)
     both = accumulate_gradients(model, [inputs, trained], chunk_tokens=5)
     assert (both.loss, both.trained_tokens) == (pytest.approx(alone.loss, rel=EQUAL), alone.trained_tokens)
-    assert relative_error({n: p.grad for n, p in model.named_parameters()}, alone_grads) < EQUAL
+    both_grads = {n: p.grad for n, p in model.named_parameters()}
+    assert relative_error(both_grads, alone_grads, noise_floor=NOISE_FLOOR) < EQUAL
 
 
 def test_accumulate_gradients_passes_the_chunk_through():
@@ -252,7 +247,7 @@ def test_accumulate_gradients_passes_the_chunk_through():
         model.zero_grad(set_to_none=True)
     assert results[1].loss == pytest.approx(results[0].loss, rel=EQUAL)
     assert results[1].trained_tokens == results[0].trained_tokens > 0
-    assert relative_error(grads[1], grads[0]) < EQUAL
+    assert relative_error(grads[1], grads[0], noise_floor=NOISE_FLOOR) < EQUAL
 
 
 def test_a_wrapper_with_a_module_runs_through_its_own_call():

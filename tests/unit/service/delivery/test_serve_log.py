@@ -3,7 +3,7 @@
 The status line's consumer part (the hub's lag is negative while consumers wait for rows not
 made yet; tests/unit/service/delivery/test_hub.py drives a real hub into both signs) and the last line (no Ray
 shut down where none was started: a packed directory is served without Ray, end to end in
-tests/integration/test_metrics.py).
+tests/integration/serve/test_metrics.py).
 """
 
 from __future__ import annotations

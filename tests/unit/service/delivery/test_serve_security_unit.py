@@ -2,7 +2,7 @@
 every flag a user can get wrong, refused before anything starts.
 
 The refusal itself (exit status 2 before Ray starts) is tested end to end in
-tests/integration/test_serve_security.py; here the accepted cases and the token sources.
+tests/integration/serve/test_serve_security.py; here the accepted cases and the token sources.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.inputs import arrow_ipc_bytes
 
 from packfeed.service import storage
 from packfeed.service.inputs import columnar, fileio
@@ -116,21 +117,13 @@ def test_a_run_reads_its_bytes_and_not_the_object():
 
 
 # ---- Arrow IPC: batches through the learnt index -----------------------------------------------
-def ipc_bytes(table: pa.Table, fmt: str, batch_rows: int) -> bytes:
-    sink = pa.BufferOutputStream()
-    with (pa.ipc.new_file if fmt == "file" else pa.ipc.new_stream)(sink, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=batch_rows):
-            writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
-
-
 @pytest.mark.parametrize("fmt", ["file", "stream"])
 @pytest.mark.parametrize("dictionary", [False, True], ids=["plain", "dictionary-encoded"])
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "store"])
 def test_arrow_ranges_equal_the_table_in_any_order(tmp_path, fmt, dictionary, remote):
     texts = [f"row {i}" for i in range(97)]
     column = pa.array(texts).dictionary_encode() if dictionary else pa.array(texts)
-    data = ipc_bytes(pa.table({"text": column}), fmt, batch_rows=10)
+    data = arrow_ipc_bytes(pa.table({"text": column}), stream=fmt == "stream", batch_rows=10)
     if remote:
         uri = put(data, ".arrow")
     else:
@@ -150,7 +143,7 @@ def test_a_later_window_of_an_arrow_file_reads_only_its_batches(fmt):
     """The first read learns where batches start; a later one seeks to them: its bytes are its
     batches' and at most a buffer more, wherever they are in the object."""
     texts = ["x" * 4000 + str(i) for i in range(400)]  # 40 batches of ~40 KB
-    data = ipc_bytes(pa.table({"text": texts}), fmt, batch_rows=10)
+    data = arrow_ipc_bytes(pa.table({"text": texts}), stream=fmt == "stream", batch_rows=10)
     uri = put(data, ".arrow")
     expect = storage.stat(uri)
     columnar.read_columnar(uri, "arrow", [(390, 400)], "text", expect=expect)  # learns every batch

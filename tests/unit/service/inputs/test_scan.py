@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
+from support.inputs import write_arrow_ipc
 
 from packfeed.service.data.config import DataConfig, SourceConfig
 from packfeed.service.data.plan import build_plan
@@ -325,10 +326,8 @@ def test_arrow_on_a_store_costs_a_few_requests(memory_store, stream):
     large batches by its footer and batch headers, not its bodies."""
     fs, root = memory_store
     table = pa.table({"text": [f"{i:040d}" for i in range(120_000)]})  # ~5.3 MB
-    with fs.open(f"{root}/x.arrow", "wb") as f, \
-            (pa.ipc.new_stream if stream else pa.ipc.new_file)(f, table.schema) as writer:
-        for batch in table.to_batches(max_chunksize=300 if stream else 30_000):  # 1.3 MB batches in the file
-            writer.write_batch(batch)
+    with fs.open(f"{root}/x.arrow", "wb") as f:  # 1.3 MB batches in the file
+        write_arrow_ipc(f, table, stream=stream, batch_rows=300 if stream else 30_000)
     uri, size = f"memory:/{root}/x.arrow", fs.size(f"{root}/x.arrow")
     before = COUNTERS.snapshot()
     assert scan_file(uri, "arrow").num_rows == 120_000

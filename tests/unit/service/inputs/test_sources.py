@@ -24,7 +24,7 @@ from packfeed.service.inputs.read import Piece, read_window
 from packfeed.service.inputs.records import BadSampleError, Conversation
 from packfeed.service.storage import local_glob
 
-from support.inputs import plan_windows
+from support.inputs import plan_windows, write_arrow_ipc
 
 CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 RECORDS = [
@@ -47,14 +47,8 @@ def write_columnar(path, rows, kind, *, batch_rows=2):
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
     if kind == "parquet":
         pq.write_table(table, path, row_group_size=batch_rows)
-    elif kind == "arrow-file":
-        with pa.ipc.new_file(str(path), table.schema) as w:
-            for b in table.to_batches(max_chunksize=batch_rows):
-                w.write_batch(b)
-    elif kind == "arrow-stream":
-        with pa.ipc.new_stream(str(path), table.schema) as w:
-            for b in table.to_batches(max_chunksize=batch_rows):
-                w.write_batch(b)
+    elif kind in ("arrow-file", "arrow-stream"):
+        write_arrow_ipc(str(path), table, stream=kind == "arrow-stream", batch_rows=batch_rows)
     elif kind == "feather":
         feather.write_feather(table, str(path), chunksize=batch_rows)
     return str(path)

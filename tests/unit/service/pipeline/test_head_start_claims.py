@@ -6,7 +6,7 @@ the held rows stay under their bound; at the hand-over the driver keeps a prefix
 and stops at the first an actor claimed, publishing where its last one ends; its pace, and the
 share of a core it gets, decide whether Ray and actors start; a failure (of a window or of a
 write) is raised, and published for the actor that would wait on it.
-(The same with Ray and actors: tests/integration/test_head_start.py.)"""
+(The same with Ray and actors: tests/integration/pack/test_head_start.py.)"""
 
 from __future__ import annotations
 

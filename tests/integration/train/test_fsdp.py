@@ -17,7 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from support.step_contract import MODEL, VOCAB, WORLD, packed_micro_batches, reference, relative_error  # noqa: E402
+from support.compare import relative_error  # noqa: E402
+from support.step_contract import MODEL, VOCAB, WORLD, packed_micro_batches, reference  # noqa: E402
+from support.torch_ranks import gloo_rank, one_torch_thread  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.trainer.run_config import ModelConfig, TrainConfig  # noqa: E402
@@ -59,16 +61,12 @@ def _count_gathers(monkeypatch_target: list) -> None:
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
     from packfeed.trainer.state.checkpoint import save_checkpoint
     from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_sharding, memory_figures
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    gathers = [0]
-    _count_gathers(gathers)
-    try:
+    with gloo_rank(rank, init_file, WORLD):
+        gathers = [0]
+        _count_gathers(gathers)
         micro = [to_model_inputs(rows) for rows in packed_micro_batches()[rank]]
         results = {}
         for sharding, checkpointing, chunk in LAYOUTS:
@@ -102,9 +100,6 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         results["weights"] = _full_weights(model)
         results["moments"] = _full_moments(model, optimizer)
         torch.save(results, f"{out_dir}/rank{rank}.pt")
-        dist.barrier()  # both ranks tear gloo down together (see test_train_ddp_loss.py)
-    finally:
-        dist.destroy_process_group()
 
 
 def _full_weights(model) -> dict:
@@ -151,15 +146,11 @@ def runs(tmp_path_factory):
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("fsdp")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         mp.spawn(_worker, args=(str(out / "init"), str(out)), nprocs=WORLD, join=True)
         mp.spawn(_load_at_world_one, args=(str(out / "init1"), str(out)), nprocs=1, join=True)
         ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
         return ranks, torch.load(out / "world1.pt", weights_only=False), reference()
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["-".join(map(str, layout)) for layout in LAYOUTS])
@@ -230,14 +221,10 @@ def test_a_whole_checkpoint_refuses_a_sharded_model(tmp_path):
 
 
 def _pretrained_worker(rank: int, init_file: str, directory: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
     from packfeed.trainer.model.builder import load_shards_from_rank0
     from packfeed.trainer.model.parallelize import apply_activation_checkpointing, apply_fsdp
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_rank(rank, init_file, WORLD):
         config = ModelConfig(name=directory, attn="sdpa")
         model = build_model(config, vocab_size=VOCAB, empty=True)
         assert all(p.is_meta for p in model.parameters()), "the ranks start with no weights"
@@ -249,9 +236,6 @@ def _pretrained_worker(rank: int, init_file: str, directory: str, out_dir: str) 
         result = accumulate_gradients(model, micro, chunk_tokens=9)
         torch.save({"weights": _full_weights(model), "loss": result.loss,
                     "buffers": {n: b.clone() for n, b in model.named_buffers()}}, f"{out_dir}/pre{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_pretrained_model_is_read_by_rank_zero_and_sharded(tmp_path):

@@ -29,7 +29,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -39,15 +38,14 @@ import grpc
 import pytest
 from packfeed.client.stream import PackedStream
 from packfeed.service.faults import FAULTS_ENV
-from support.serve import DEMO_SAMPLES, REPO, ServerProcess, busy_cpus, demo_args
-from stream_client import row_records
+from support.serve import DEMO_SAMPLES, ServerProcess, busy_cpus, demo_args
+from support.stream_client import CLIENT, TESTS, row_records
 
 pytestmark = pytest.mark.integration
 
 SEED = int(os.environ.get("PACKFEED_FAILURE_SEED", "1729"))
 SERVE_ARGS = demo_args(extra=("--buffer-rows", "128"))
 SERVE_ENV = {"RAY_ADDRESS": ""}  # always the server's own embedded Ray
-CLIENT = Path(__file__).with_name("stream_client.py")
 SHUTTING_DOWN = "packfeed server shutting down"  # server.py's UNAVAILABLE message when draining
 PACKING_FROM = re.compile(r"packfeed serve: packing from window (\d+) of \d+ \(row ([\d,]+)\)")
 JOIN_S = 240.0
@@ -282,9 +280,9 @@ def test_client_process_sigkill_then_restart_from_saved_state_delivers_once(serv
 
     def client(r: int) -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, str(CLIENT), server.target, "--rank", str(r), "--world-size", str(world),
+            [*CLIENT, server.target, "--rank", str(r), "--world-size", str(world),
              "--batch-rows", str(b), "--state", str(files[r]), "--step-seconds", "0.05"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=TESTS,
         )
 
     procs = [client(0), client(1)]

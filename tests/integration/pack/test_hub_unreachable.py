@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 
 import pytest
+from support.ports import free_port
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cli import main
@@ -29,10 +29,7 @@ def closed_hub(monkeypatch, tmp_path):
     Hugging Face cache (huggingface_hub read $HF_HOME at its import: its constant is patched)."""
     import huggingface_hub.constants
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
                  "https_proxy", "all_proxy"):  # a proxy would answer for the closed port

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,20 +23,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
+from support.serve import REPO
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 RAY = str(REPO / ".venv" / "bin" / "ray")
 PACKFEED = str(REPO / ".venv" / "bin" / "packfeed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

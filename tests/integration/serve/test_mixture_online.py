@@ -28,7 +28,7 @@ import pytest
 from packfeed.client.mixture_record import schedule_toml
 from packfeed.client.stream import PackedStream, StreamError
 from support.serve import CORPUS, TOKENIZER, ServerProcess
-from stream_client import row_digest, row_records
+from support.stream_client import row_digest, row_records
 
 from packfeed.service.cli import main
 from packfeed.service.packed.writer import read_packed_dir

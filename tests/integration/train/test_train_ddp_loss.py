@@ -13,14 +13,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.compare import relative_error  # noqa: E402
 from support.step_contract import (  # noqa: E402
     MODEL,
     VOCAB,
     WORLD,
     packed_micro_batches,
     reference,
-    relative_error,
 )
+from support.torch_ranks import gloo_rank, one_torch_thread  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX  # noqa: E402
@@ -31,33 +32,21 @@ pytestmark = pytest.mark.integration
 
 
 def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_rank(rank, init_file, WORLD):
         model = DistributedDataParallel(build_model(MODEL, vocab_size=VOCAB, seed=0))
         micro = [to_model_inputs(rows) for rows in packed_micro_batches()[rank]]
         result = accumulate_gradients(model, micro)
         if rank == 0:
             grads = {n: p.grad.detach().clone() for n, p in model.module.named_parameters()}
             torch.save({"grads": grads, "loss": result.loss, "tokens": result.trained_tokens}, out_file)
-        # Both ranks tear gloo down together: rank 1, done first, tore its side down while rank 0
-        # was still connected and aborted in gloo's teardown ("terminate called without an active
-        # exception", SIGABRT: 1 CI run in 4).
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture
 def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a busy 2-core box they cost a lot."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def test_ddp_grad_accum_step_equals_unpacked_token_mean(tmp_path, one_thread):

@@ -24,7 +24,7 @@ from collections import Counter
 import pytest
 from packfeed.client.stream import PackedStream
 from support.serve import CORPUS, TOKENIZER, ServerProcess
-from stream_client import row_digest, row_records
+from support.stream_client import row_digest, row_records
 
 from packfeed.client.sources import first_sample_ids, source_index
 from packfeed.service.cli import main

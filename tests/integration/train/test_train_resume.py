@@ -23,6 +23,7 @@ import json
 import shutil
 
 import pytest
+from support.compare import assert_same_training, rank_steps
 from support.train import corpus_head
 
 from packfeed.service.assets import demo_tokenizer_path
@@ -54,26 +55,6 @@ def run_config(small_corpus) -> RunConfig:
                           lr=3e-3, warmup_steps=2, record_rows=True, max_failures=1),
         scaling=TrainScaling(num_workers=2, cpus_per_worker=0.5, packing=PackingScaling(num_workers=1, cpus_per_worker=0.5)),
     )
-
-
-def rows_seen(output) -> dict[tuple[int, int], tuple[list[int], float]]:
-    """(step, rank) -> (row indices, loss); a step trained twice (before and after a restart)
-    must have trained the same rows to the same loss both times."""
-    seen: dict[tuple[int, int], tuple[list[int], float]] = {}
-    for path in sorted((output / "rows").glob("rank*.jsonl")):
-        for rec in read_jsonl(path):
-            key, value = (rec["step"], rec["rank"]), (rec["row_index"], rec["loss"])
-            if key in seen:
-                assert seen[key][0] == value[0] and seen[key][1] == pytest.approx(value[1], rel=1e-5), key
-            seen[key] = value
-    return seen
-
-
-def assert_same_training(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b) == [(s, r) for s in range(1, STEPS + 1) for r in range(2)]
-    for key in a:
-        assert a[key][0] == b[key][0], f"step/rank {key} trained on other rows"
-        assert a[key][1] == pytest.approx(b[key][1], rel=1e-5), f"step {key}: another loss"
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +105,11 @@ def test_a_resumed_run_trains_on_the_rows_of_an_uninterrupted_one(straight, inte
     with pytest.raises(ValueError, match="--resume"):
         train(run_config, output=tmp_path)
     train(run_config, output=tmp_path, resume=True)
-    assert_same_training(rows_seen(straight), rows_seen(tmp_path))
+    assert_same_training(straight, tmp_path, steps=STEPS, rel=1e-5, ranks=2)
     checkpoints = sorted(p.name for p in (tmp_path / "ray").glob("checkpoint_*"))
     again = train(run_config, output=tmp_path, resume=True)  # a finished run applied again (`--resume auto` jobs)
     assert again["steps"] == STEPS and sorted(p.name for p in (tmp_path / "ray").glob("checkpoint_*")) == checkpoints
-    all_rows = [i for rows, _ in rows_seen(straight).values() for i in rows]
+    all_rows = [i for rows, _ in rank_steps(straight).values() for i in rows]
     assert len(all_rows) == len(set(all_rows)) > 0, "no row is trained twice"
 
     for output in (straight, tmp_path):  # outputs of a run: metrics, curve, summary, a model that loads
@@ -168,7 +149,7 @@ def test_a_restarted_group_gets_rows_the_feeder_no_longer_holds(ray_cluster, tmp
     assert [rec["step"] for rec in records if rec["pid"] == pids[0]][-1] == crash
     assert [rec["step"] for rec in records if rec["pid"] == pids[-1]][0] == 1, "no checkpoint: from the start"
     assert summary["steps"] == steps and summary["reader_restarts"] >= 1, summary  # the reader went back for them
-    seen = rows_seen(tmp_path / "run")  # a step trained twice: the same rows, the same loss
+    seen = rank_steps(tmp_path / "run")  # a step trained twice: the same rows, the same loss
     assert sorted(seen) == [(s, r) for s in range(1, steps + 1) for r in range(2)]
     for (step, rank), (indices, _) in seen.items():  # rank k of 2 gets the rows k mod 2 of its step
         assert indices == [per_step * (step - 1) + rank + 2 * j for j in range(per_step // 2)], (step, rank)
@@ -180,7 +161,7 @@ def test_another_world_size_trains_every_row_once_and_says_when_data_runs_out(in
     from packfeed.trainer.launch.ray_driver import train
 
     copy_run(interrupted, tmp_path)
-    before = [i for rows, _ in rows_seen(tmp_path).values() for i in rows]
+    before = [i for rows, _ in rank_steps(tmp_path).values() for i in rows]
     one_worker = dataclasses.replace(
         run_config, train=dataclasses.replace(run_config.train, max_steps=200),
         scaling=dataclasses.replace(run_config.scaling, num_workers=1, cpus_per_worker=1.0),

@@ -13,7 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from support.compare import relative_error  # noqa: E402
 from support.pair_rows import pack_pairs, random_pairs, unpacked_dpo_loss  # noqa: E402
+from support.torch_ranks import gloo_rank, one_torch_thread  # noqa: E402
 
 from packfeed.client.rows import padding_rows, select_rows  # noqa: E402
 from packfeed.trainer.run_config import ModelConfig  # noqa: E402
@@ -46,12 +48,9 @@ def models():
 
 
 def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_rank(rank, init_file, WORLD):
         policy, reference = models()
         ddp = DistributedDataParallel(policy)
         micro = [dpo_micro_batch(rows) for rows in micro_batches()[rank]]
@@ -59,21 +58,12 @@ def _ddp_worker(rank: int, init_file: str, out_file: str) -> None:
         if rank == 0:
             grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters()}
             torch.save({"grads": grads, "loss": result.loss, "pairs": result.pairs}, out_file)
-        dist.barrier()  # tear gloo down together (see test_train_ddp_loss.py)
-    finally:
-        dist.destroy_process_group()
-
-
-def relative_error(a: dict, b: dict) -> float:
-    return max(float((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)) for n in b)
 
 
 def test_ddp_grad_accum_dpo_step_equals_unpacked_pair_mean(tmp_path):
     import torch.multiprocessing as mp
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         out = tmp_path / "ddp.pt"
         mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(out)), nprocs=WORLD, join=True)
         ddp = torch.load(out)
@@ -93,5 +83,3 @@ def test_ddp_grad_accum_dpo_step_equals_unpacked_pair_mean(tmp_path):
             accumulate_dpo_gradients(policy, micro, reference=reference, loss=LOSS)
         naive = {n: p.grad.detach() / WORLD for n, p in policy.named_parameters()}
         assert relative_error(naive, expected_grads) > 1e-3
-    finally:
-        torch.set_num_threads(threads)

@@ -8,7 +8,7 @@ once, one inside Ray is acted on later.
 
 SIGTERM to the driver (the orderly stop at a checkpoint, and ``--resume`` at another world
 size) is tested in test_train_fsdp.py; `ray job stop` (SIGTERM from Ray's job supervisor) on a
-deploy/local cluster in test_local_cluster.py.
+deploy/local cluster in cluster/test_local_cluster.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One rank of a training loop over ``packfeed serve``, as a process that can be SIGKILLed.
 
-    python stream_client.py HOST:PORT --rank R --world-size N --batch-rows B --state FILE
+    cd tests && python -m support.stream_client HOST:PORT --rank R --world-size N --batch-rows B --state FILE
 
 Each batch is "processed" (its rows recorded) and then the stream state and everything
 processed so far are saved together, atomically (write a temporary file, ``os.replace``), to
@@ -8,7 +8,10 @@ FILE, and ``saved <batches>`` is printed. Killed at any instant, FILE holds a co
 the rows processed and the cursor to resume after them. Started again with the same FILE, it
 resumes from that state. When the stream ends the file gets ``"done": true``.
 
-``row_records`` is also used in-process by tests/integration/test_serve_failures.py.
+``CLIENT`` is that command line (run it with ``cwd=TESTS``: ``support`` a package there, as under
+pytest, and no module of this folder in the way of a top-level import); ``row_records`` and
+``row_digest`` are also used in-process by tests/integration/serve/test_serve_failures.py,
+serve/test_mixture_online.py and pack/test_mixture_e2e.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from pathlib import Path
 
 from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.client.stream import Batch, PackedStream
+
+TESTS = Path(__file__).resolve().parents[1]
+CLIENT = (sys.executable, "-m", "support.stream_client")
 
 
 def row_digest(rows: PackedRows, r: int) -> str:

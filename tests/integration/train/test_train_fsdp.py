@@ -10,7 +10,7 @@ step, a metrics record every step.
   accumulation (the same rows per step: DCP reshards the weights and AdamW's moments) trains the
   uninterrupted run's losses and final weights and writes a complete final/; ``--resume`` of the
   finished run changes nothing and starts no Ray (the test of SIGTERM to `packfeed train`; Ctrl-C
-  is in test_train_signals.py, `ray job stop` in test_local_cluster.py);
+  is in test_train_signals.py, `ray job stop` in cluster/test_local_cluster.py);
 * ``summary.json`` says what each rank held: half the parameter and optimizer bytes under fsdp.
 """
 
@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.compare import assert_same_training, final_weights, losses
 from support.train import (
     Train,
     assert_a_finished_run_resumes_to_nothing,
@@ -34,7 +35,6 @@ from support.train import (
     wait_for_step,
 )
 
-from packfeed.trainer.loop.interval import read_jsonl
 
 torch = pytest.importorskip("torch")
 
@@ -59,28 +59,6 @@ def finished(config: Path, output: Path, *flags: str) -> Path:
     return output
 
 
-def losses(output: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(output / "metrics.jsonl")}
-
-
-def final_weights(output: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(output / "final" / "model.safetensors"))
-
-
-def assert_same_training(a: Path, b: Path) -> None:
-    la, lb = losses(a), losses(b)
-    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
-    for step in la:
-        assert lb[step] == pytest.approx(la[step], rel=1e-4), step
-    wa, wb = final_weights(a), final_weights(b)
-    assert set(wa) == set(wb)
-    for name in wa:
-        err = float((wa[name] - wb[name]).norm() / wa[name].norm().clamp_min(1e-12))
-        assert err < 1e-4, name
-
-
 @pytest.fixture(scope="module")
 def fsdp_run(config, tmp_path_factory) -> Path:
     return finished(config, tmp_path_factory.mktemp("fsdp") / "run", *FSDP)
@@ -88,7 +66,7 @@ def fsdp_run(config, tmp_path_factory) -> Path:
 
 def test_fsdp_with_checkpointing_and_a_chunked_loss_trains_what_ddp_trains(config, fsdp_run, tmp_path):
     ddp = finished(config, tmp_path / "ddp", *DDP_FULL_LOGITS)
-    assert_same_training(ddp, fsdp_run)
+    assert_same_training(ddp, fsdp_run, steps=STEPS, rel=1e-4, weights=True)
     first, last = losses(ddp)[1], losses(ddp)[STEPS]
     assert last < first - 0.5, "the runs trained: equal losses are not those of an untouched model"
 
@@ -135,6 +113,6 @@ def test_sigterm_stops_at_a_sharded_checkpoint_and_resume_on_one_worker_trains_t
     assert sorted((s, r) for s, r, _ in trained(output)) == (
         [(s, r) for s in range(1, stop + 1) for r in (0, 1)] + [(s, 0) for s in range(stop + 1, STEPS + 1)]), \
         "each step trained once: by both ranks before the stop, by the one after it"
-    assert_same_training(fsdp_run, output)
+    assert_same_training(fsdp_run, output, steps=STEPS, rel=1e-4, weights=True)
     assert_final_model(output, STEPS)
     assert_a_finished_run_resumes_to_nothing(config, output, STEPS, *resume)

@@ -5,7 +5,7 @@ as a Ray job with relative inputs and --output reads and writes where it was sub
 and records those paths; a training run submitted with `ray job submit`
 (deploy/local/submit.sh) and stopped by `ray job stop` ends STOPPED after the driver's own
 orderly stop, at a resumable checkpoint (a resume from such a checkpoint, to a final model, is
-tested in test_train_fsdp.py without a job around it);
+tested in train/test_train_fsdp.py without a job around it);
 `packfeed serve` submitted the same way streams every sample to a client; status.sh prints a
 table; the dashboard listens on 127.0.0.1 only, the GCS on every interface; stop.sh leaves no
 process of the cluster and no port listening, and status.sh then says at once that there is
@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support.ports import free_port
+from support.serve import REPO
 from support.train import (
     ROWS_PER_RANK,
     SIGNAL_AT,
@@ -43,15 +44,8 @@ from packfeed.trainer.state.checkpoint import read_state
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "deploy" / "local"
 STARTED: dict[str, str] = {}  # start.sh's output, kept by the fixture
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +55,10 @@ def cluster_env():
     env = {
         **os.environ,
         "PACKFEED_RAY_DIR": ray_dir,
-        "PACKFEED_RAY_PORT": str(_free_port()),
-        "PACKFEED_DASHBOARD_PORT": str(_free_port()),
-        "PACKFEED_AGENT_PORT": str(_free_port()),
-        "PACKFEED_CLIENT_PORT": str(_free_port()),
+        "PACKFEED_RAY_PORT": str(free_port()),
+        "PACKFEED_DASHBOARD_PORT": str(free_port()),
+        "PACKFEED_AGENT_PORT": str(free_port()),
+        "PACKFEED_CLIENT_PORT": str(free_port()),
         "PACKFEED_NUM_CPUS": "2",
     }
     env.pop("RAY_ADDRESS", None)
@@ -167,7 +161,7 @@ def test_ray_job_stop_ends_the_job_stopped_at_a_checkpoint(cluster_env, tmp_path
 def test_serve_runs_as_a_ray_job_and_streams_every_sample(cluster_env, tmp_path):
     from packfeed.client.stream import PackedStream
 
-    port, job_id = _free_port(), f"packfeed-serve-{_free_port()}"
+    port, job_id = free_port(), f"packfeed-serve-{free_port()}"
     env = {**cluster_env, "PACKFEED_NO_WAIT": "1", "PACKFEED_JOB_ID": job_id}
     proc = subprocess.run(
         ["bash", str(LOCAL / "submit.sh"), "serve", *demo_corpus_paths(), "--tokenizer", demo_tokenizer_path(),

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support.compare import assert_same_training, final_weights, trained_rows
 from support.serve import REPO, GroupWatch, ServerProcess, kill_groups
 from support.train import PACKFEED, Train, corpus_head, run_config_text, wait_for_step
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
-from packfeed.trainer.loop.interval import read_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -96,23 +96,6 @@ class Torchrun:
         return self.proc.returncode, self.log.read_text(errors="replace")
 
 
-def losses(output: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(output / "metrics.jsonl")}
-
-
-def trained_rows(output: Path) -> dict[tuple[int, int], list[int]]:
-    return {(r["step"], r["rank"]): r["row_index"] for path in sorted((output / "rows").glob("rank*.jsonl"))
-            for r in read_jsonl(path)}
-
-
-def assert_same_training(a: Path, b: Path) -> None:
-    la, lb = losses(a), losses(b)
-    assert sorted(la) == sorted(lb) == list(range(1, STEPS + 1))
-    for step in la:
-        assert lb[step] == pytest.approx(la[step], rel=1e-5), step
-    assert trained_rows(a) == trained_rows(b)
-
-
 @pytest.fixture(scope="module")
 def ray_run(config, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("ray") / "run"
@@ -133,10 +116,8 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
     run = Torchrun(config, output)
     code, out = run.ended()
     assert code == 0, out[-3000:]
-    assert_same_training(ray_run, output)
-    from safetensors.torch import load_file
-
-    a, b = load_file(str(ray_run / "final" / "model.safetensors")), load_file(str(output / "final" / "model.safetensors"))
+    assert_same_training(ray_run, output, steps=STEPS, rel=1e-5, rows=True)
+    a, b = final_weights(ray_run), final_weights(output)
     assert all(float((a[k] - b[k]).abs().max()) < 1e-5 for k in a)
     # Ray Train from the packed directory: its rows as they are, rank k of step s the step's rows k mod 2
     assert json.loads((ray_run / "summary.json").read_text())["stream_rows"] == \
@@ -167,7 +148,7 @@ def test_torchrun_from_a_server_trains_what_ray_train_trains(config, packed, ray
         output = tmp_path / "run"
         code, out = Torchrun(config, output, "--server", server.target).ended()
         assert code == 0, out[-3000:]
-    assert_same_training(ray_run, output)
+    assert_same_training(ray_run, output, steps=STEPS, rel=1e-5, rows=True)
 
 
 def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ray_run, tmp_path):
@@ -188,7 +169,7 @@ def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ra
     code, out = Torchrun(config, output, "--resume").ended()
     assert code == 0, out[-3000:]
     assert f"at step {stop}," in out
-    assert_same_training(ray_run, output)
+    assert_same_training(ray_run, output, steps=STEPS, rel=1e-5, rows=True)
 
 
 def test_a_rank_killed_mid_run_restarts_the_group_which_resumes_and_trains_what_ray_train_trains(config, ray_run,
