@@ -73,7 +73,7 @@ from packfeed.service.pipeline.stats import WindowStats
 
 # An embedded Ray of 2 idle cores took 2.4-3 s to start, and its packing actors 2-2.7 s from
 # the pipeline's ask to their first window (bench/bench_startup.py). 0 for both: Ray and actors
-# always start (the drills of tests/integration/test_head_start.py).
+# always start (the drills of tests/integration/pack/test_head_start.py).
 RAY_START_S = 3.0
 ACTORS_START_S = 2.7
 # Beside the driver's packing they start slower and slow it, as if their start asked for this

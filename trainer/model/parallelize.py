@@ -17,7 +17,7 @@ plus DDP's gradient buckets); gradients are all-reduced on the step's last micro
 
 Activation checkpointing wraps each decoder layer (non-reentrant ``checkpoint_wrapper``) BEFORE
 ``fully_shard`` wraps it: the recompute in backward then runs the layer's inner forward, inside
-the FSDP group's own backward gather, so no layer is gathered twice (tests/integration/
+the FSDP group's own backward gather, so no layer is gathered twice (tests/integration/train/
 test_fsdp.py counts 2 x layers gathers per micro-batch with and without it). A layer then keeps
 only its input for backward (layers x tokens x hidden) and recomputes the rest, one layer at a
 time: about a third more compute for the layers. "offload" keeps those inputs in host memory

@@ -8,7 +8,7 @@ gradients over ranks (divides by world_size), so the gradient is exactly that of
     sum over all ranks and micro-batches of token losses / trained tokens of the step,
 
 which does not depend on how samples were packed into rows, split into micro-batches or
-spread over ranks (tests/integration/test_train_ddp_loss.py checks it against samples run one
+spread over ranks (tests/integration/train/test_train_ddp_loss.py checks it against samples run one
 at a time). Averaging per-micro-batch means instead would weight a token of a short
 micro-batch more than one of a long micro-batch.
 

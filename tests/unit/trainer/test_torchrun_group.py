@@ -2,7 +2,7 @@
 real store (a TCPStore on 127.0.0.1) before their process group forms; a group that cannot form
 is one line within its bound, not a silent wait for the backend's timeout. The restart itself
 (a rank SIGKILLed, the group back on its attempt's own keys) is
-tests/integration/test_torchrun.py's."""
+tests/integration/train/test_torchrun.py's."""
 
 from __future__ import annotations
 
