@@ -1,4 +1,4 @@
-"""The head start's decision against its outcome (pipeline/head_start.py): for corpora of N
+"""The head start's decision against its outcome (packjob/head_start.py): for corpora of N
 tokens and both tokenizer back-ends, did ``packfeed pack`` start Ray only when Ray and its
 packing actors made the run finish sooner than the driver alone?
 
@@ -49,7 +49,7 @@ QUICK_SIZES = (500_000, 2_000_000, 6_000_000)
 # the CLI with the head start's question answered "no Ray" (the driver packs every window)
 DRIVER_ALONE = (
     "import sys\n"
-    "from packfeed.service.pipeline import head_start\n"
+    "from packfeed.service.packjob import head_start\n"
     "head_start.HeadStart.wants_ray = lambda self, *args, **kwargs: False\n"
     "from packfeed.service.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"

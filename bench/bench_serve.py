@@ -49,7 +49,7 @@ t0 = time.perf_counter()
 from packfeed.service.commands.args import data_config_from_args, add_data_arguments
 from packfeed.service.pipeline.ray_pipeline import PackingPipeline
 from packfeed.service.data.plan import build_plan
-from packfeed.service.pipeline.raycluster import init_ray
+from packfeed.service.cluster.raycluster import init_ray
 import argparse
 p = argparse.ArgumentParser(); add_data_arguments(p)
 args = p.parse_args(sys.argv[1:])

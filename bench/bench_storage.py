@@ -14,7 +14,7 @@ the same run; figures are ratios to it.
 (2) Reading: ``read_window`` over every window of the plan in this process: seconds, requests
     and bytes per window, bytes read / input bytes, by file kind; again with the Parquet
     source's ``block_samples`` at its row-group size (a window then takes whole row groups).
-(3) ``packfeed pack`` end to end (``pipeline.pack_run.run_pack`` in this process, an embedded Ray
+(3) ``packfeed pack`` end to end (``packjob.pack_run.run_pack`` in this process, an embedded Ray
     started once for both, one packing actor per CPU): tokens/s (steady and overall), the
     whole run's requests and bytes (scan, probe and the packing actors' reads): bytes read /
     input bytes, split into the scan's, the probe's and the windows' (the rest), beside
@@ -239,8 +239,8 @@ def phase_bytes(proxy) -> Iterator[dict[str, int]]:
 
 
 def pack_bench(corpus: Corpus, proxy, work: Path, storm: bool = False) -> None:
-    from packfeed.service.pipeline.pack_run import run_pack
-    from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray
+    from packfeed.service.packjob.pack_run import run_pack
+    from packfeed.service.cluster.raycluster import init_ray, shutdown_ray
 
     print("\n" + init_ray())
     results = {}

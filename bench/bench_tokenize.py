@@ -282,7 +282,7 @@ import psutil
 from packfeed.service.data.config import DataConfig
 from packfeed.service.pipeline.ray_pipeline import PackingPipeline
 from packfeed.service.data.plan import build_plan
-from packfeed.service.pipeline.raycluster import init_ray
+from packfeed.service.cluster.raycluster import init_ray
 from packfeed.service.packed.writer import ParquetRowWriter
 corpus, tokenizer, backend, seq_len, window, write = sys.argv[1:7]
 me = psutil.Process()

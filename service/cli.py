@@ -31,7 +31,7 @@ from typing import Any
 from packfeed.service import faults
 from packfeed.service.commands.args import CommandParser, HelpFormatter, configure_logging
 from packfeed.service.errors import USER_ERROR_EXIT, user_message
-from packfeed.service.pipeline.raycluster import Terminated, prepare_ray_env, ray_initialised, shutdown_ray
+from packfeed.service.cluster.raycluster import Terminated, prepare_ray_env, ray_initialised, shutdown_ray
 
 GROUP = "packfeed.commands"
 

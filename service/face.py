@@ -40,11 +40,11 @@ from packfeed.service.faults import environment as faults_environment
 from packfeed.service.faults import point as fault_point
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA
 from packfeed.service.packed.writer import open_parquet, packed_parts
-from packfeed.service.pipeline.placement import check_resources, check_selector, check_train_placement
+from packfeed.service.cluster.placement import check_resources, check_selector, check_train_placement
 from packfeed.service.pipeline.preflight import RayStart, load_tokenizer_for, preflight
-from packfeed.service.pipeline.raycluster import Terminated, init_ray, joins_a_cluster, ray_initialised
-from packfeed.service.pipeline.scaling import TABLE_KEYS as PACKING_TABLE_KEYS
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.raycluster import Terminated, init_ray, joins_a_cluster, ray_initialised
+from packfeed.service.cluster.scaling import TABLE_KEYS as PACKING_TABLE_KEYS
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.pipeline.summary import run_failure
 from packfeed.service.storage import StorageError, delete_prefix, display, exists, is_remote, join, resolve, write_bytes_atomic
 from packfeed.service.storage.tree import (

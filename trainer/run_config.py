@@ -214,7 +214,7 @@ class TrainScaling:
     keys (``packing_workers``, ``packing_cpus_per_worker``, ``packing_max_workers``,
     ``packer_labels``, ``packer_resources``: ``from_table``).
 
-    Placement (see packfeed.service.pipeline.placement): ``trainer_labels`` / ``driver_labels``
+    Placement (see packfeed.service.cluster.placement): ``trainer_labels`` / ``driver_labels``
     are Ray label selectors for the train workers and the feeder; None (default) means the
     ``packfeed/role`` defaults when the cluster's nodes carry that label, nothing otherwise.
     ``trainer_resources``: custom resources each train worker asks for (e.g. {"gpu_slot" = 1}).

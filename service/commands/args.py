@@ -34,7 +34,7 @@ from packfeed.service.data.config import (
     check_row_length,
     close_match,
 )
-from packfeed.service.pipeline.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
+from packfeed.service.cluster.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
 from packfeed.service.storage import is_remote
 
 CONFIG_TABLES = ("data", "scaling", "model", "train", "output")

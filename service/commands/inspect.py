@@ -5,8 +5,8 @@
     packfeed inspect s3://bucket/packed/demo        # an output ``pack`` wrote to a store
 
 DIR is whatever the storage layer takes (service/storage/: a path, s3://, gs://, ...), as for
-``pack --output`` and ``serve``: passed on as given (it used to be made a ``Path``, which
-turned ``s3://b/p`` into ``s3:/b/p``, a local path that does not exist). A row is read from its
+``pack --output`` and ``serve``: passed on as given (a ``Path`` would fold ``s3://b/p`` into
+``s3:/b/p``, a local path that does not exist). A row is read from its
 row group alone (on a store: the part's footer and that group's ranged GETs).
 
 A decoded row shows every segment on its own line with its sample id and length; tokens the

@@ -5,7 +5,7 @@
     packfeed pack 's3://bucket/corpus/*.jsonl' --tokenizer T --seq-len L --output s3://bucket/packed
 
 The flags (and the config file) make a DataConfig and the packing actors' PackingScaling;
-``service/pipeline/pack_run.py`` (``run_pack``) does the rest. Before Ray starts: the config, the
+``service/packjob/pack_run.py`` (``run_pack``) does the rest. Before Ray starts: the config, the
 output location (never over an input), the plan (every input scanned, or the scan the output
 kept reused), the tokenizer, and a probe of every input's first rows (formats detected, a
 source with no valid sample refused); a previous output is removed (``--overwrite``) only once
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the pipeline, imported when it runs: `packfeed` imports every subcommand module to build its parser
-    from packfeed.service.pipeline.pack_run import run_pack
+    from packfeed.service.packjob.pack_run import run_pack
 
     positive_number("--progress-seconds", args.progress_seconds)
     base = load_config_file(args.config)

@@ -45,7 +45,7 @@ from packfeed.service.commands.args import (
 )
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.row_stream import find_packed_dir
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.scaling import PackingScaling
 
 HELP = "stream packed batches over gRPC to any training loop"
 ORDER = 1

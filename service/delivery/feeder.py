@@ -58,7 +58,7 @@ from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRef
 from packfeed.service.delivery.row_stream import PackedDir, open_stream, packed_dir_stream
 from packfeed.service.delivery.steps import rank_batch
 from packfeed.service.faults import adopt as adopt_faults
-from packfeed.service.pipeline.ray_noise import quiet_ray
+from packfeed.service.cluster.ray_noise import quiet_ray
 from packfeed.service.tokenize.samples import SampleTokenizer
 
 logger = logging.getLogger(__name__)

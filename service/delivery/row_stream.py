@@ -38,7 +38,7 @@ from packfeed.service.delivery.mixture_changes import MixtureControl, read_with_
 from packfeed.service.packed.arrow_rows import ROW_SCHEMA, rows_from_arrow
 from packfeed.service.packed.writer import open_parquet, packed_dir_info, part_files
 from packfeed.service.pipeline.preflight import load_tokenizer_for
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.pipeline.stats import RunStats, new_run_stats
 from packfeed.service.pipeline.summary import format_summary
 from packfeed.service.pipeline.window import process_window

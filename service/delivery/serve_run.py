@@ -45,8 +45,8 @@ from packfeed.service.delivery.server import PackFeedService, build_server, drai
 from packfeed.service.errors import root_cause, user_message
 from packfeed.service.metrics import start_metrics_server
 from packfeed.service.pipeline.preflight import RayStart, preflight
-from packfeed.service.pipeline.raycluster import shutdown_ray
-from packfeed.service.pipeline.scaling import PackingScaling, place_packing
+from packfeed.service.cluster.raycluster import shutdown_ray
+from packfeed.service.cluster.scaling import PackingScaling, place_packing
 
 if TYPE_CHECKING:
     from packfeed.service.data.config import DataConfig

@@ -21,13 +21,10 @@ tasks), so a part returns every newline's position (uint32, 4 bytes per row: ~0.
 1 KB rows); this process keeps only the seek points, consuming results in file order with at
 most ``MAX_IN_FLIGHT`` tasks outstanding, so its memory stays bounded whatever the corpus.
 
-Measured on this machine (2 cores, page cache warm, 800-byte lines, min of 5): one by one
-~5 GB/s (1 GiB in 0.19 s; 16 MiB in one file 7 ms), threads 3.4 ms for that 16 MiB, 13 ms for
-64 MiB (17 ms one by one), and no faster at 1 GiB (2 cores); Ray tasks 0.27 s for 1 GiB on a
-warm Ray, but the first tasks on a fresh Ray cost 0.5-1.5 s (its workers import pyarrow). So
-on one node this process does as well as Ray; tasks pay where other nodes read in parallel
-what one driver would fetch at its own network's rate (~0.1-1 GB/s from a store): from about
-a GiB on.
+Why both: on one node a thread pool in this process counts newlines as fast as Ray tasks do
+(counting runs at memory speed), while the first tasks on a fresh Ray pay their workers' start
+and imports; tasks pay where other nodes read in parallel what one driver would fetch at its own
+network's rate from a store: from about a GiB on (bench/bench_storage.py measures both).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ that skip hidden entries (pyarrow datasets, Hugging Face ``datasets``) see a pla
 dataset: ``pq.read_table(DIR)`` and ``load_dataset("parquet", data_dir=DIR)`` work as they are.
 
 ``packfeed pack`` has its packing actors write the part files, one per window (``write_part``,
-pipeline/part_sink.py), and this writer the metadata (``list_parts`` names them first);
+packed/part_sink.py), and this writer the metadata (``list_parts`` names them first);
 ``ParquetRowWriter.write`` streams rows from one process into parts of ``rows_per_file``.
 
 On an object store a part file is one object, uploaded as it is written (a multipart upload

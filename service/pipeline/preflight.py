@@ -34,7 +34,7 @@ from packfeed.service import storage
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan, build_plan
 from packfeed.service.data.probe import check_inputs, describe
-from packfeed.service.pipeline import raycluster
+from packfeed.service.cluster import raycluster
 from packfeed.service.pipeline.startup import StartupClock
 from packfeed.service.tokenize import samples
 

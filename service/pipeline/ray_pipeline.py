@@ -27,7 +27,7 @@ row; a window whose samples were all skipped sends one stats-only row (no tokens
 since Ray Data drops empty blocks. So the driver's totals are complete when the stream ends,
 and no actor holds them (a lost actor cannot lose them, a restarted reader leaks nothing).
 
-``PackingPipeline`` is what reads it: ``packfeed pack`` (pipeline/pack_run.py) writes its rows
+``PackingPipeline`` is what reads it: ``packfeed pack`` (packjob/pack_run.py) writes its rows
 to a directory, and the row stream of serve and train (delivery/row_stream.py) restarts one
 from any window for the hub. Its actors are a ``PackingScaling`` (scaling.py).
 """
@@ -54,10 +54,10 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.metrics import WindowMetrics
 from packfeed.service.pipeline.collector import collector_paused, freeze_setup
-from packfeed.service.pipeline.part_sink import PartSink
-from packfeed.service.pipeline.placement import node_resources
-from packfeed.service.pipeline.raycluster import stopping_block_prefetchers
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.packed.part_sink import PartSink
+from packfeed.service.cluster.placement import node_resources
+from packfeed.service.cluster.raycluster import stopping_block_prefetchers
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.pipeline.stats import RunStats, WindowStats, fold_window, new_run_stats
 
 PIPELINE_SCHEMA = ROW_SCHEMA.append(pa.field("window", pa.int64())).append(pa.field("stats", pa.string()))

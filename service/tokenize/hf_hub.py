@@ -1,9 +1,9 @@
 """Hugging Face Hub names and whether the Hub can answer, for every load of a tokenizer, a model
 or its config.
 
-A name is a local path or a Hub id (``looks_local``). Loading a Hub id on a machine without the
-network used to cost transformers' retries: 49 s and 20 ``Retrying`` lines for a tokenizer, 25
-s for a model's config, before failing (or loading it from the cache after all). One probe of
+A name is a local path or a Hub id (``looks_local``). Left to itself, loading a Hub id on a
+machine without the network costs transformers' retries (tens of seconds and a ``Retrying`` line
+each) before failing, or loading it from the cache after all. One probe of
 the endpoint (``hub_unreachable``) answers in at most ``HUB_PROBE_SECONDS``; when the Hub cannot
 answer, loads read the local cache only (``hub_kwargs``), and a name that is not cached is one
 line (``hub_unreachable_error``). Standard library only: samples.py, shipped.py and the trainer

@@ -7,8 +7,8 @@ the fast back-end, runs steps 1-3 of its proof (backend.py). ``ShippedTokenizer.
 packing uses of it: the Rust backend's JSON as transformers left it, the eos and pad ids, the
 vocabulary size, the special tokens map, the chat templates as ``get_chat_template`` picks
 them, and the proof (quicktok's imported files, or the refusal). An actor rebuilds the backend
-with ``tokenizers`` alone: no ``import transformers`` (1.6 s per process on this machine,
-torch included), no quicktok import or stress texts (~2 s for a 150k vocabulary). Step 4 of
+with ``tokenizers`` alone: no ``import transformers`` (seconds per process, torch included),
+no quicktok import or stress texts (seconds for a 150k vocabulary). Step 4 of
 the proof (the actor's first window through both back-ends) still runs in every actor.
 
 Chat rendering (chat.py) reads the templates from here. Known templates (ChatML, Qwen2.5) are

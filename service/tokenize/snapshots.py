@@ -2,8 +2,8 @@
 
 ``packfeed pack`` and ``serve`` use of a loaded tokenizer only what ``ShippedTokenizer`` keeps
 (the backend's JSON, special ids and tokens, vocabulary size, chat templates); getting them
-through ``AutoTokenizer`` costs ~2.5 s per command on this machine, most of it transformers'
-import (torch with it), and runs while the embedded Ray starts, on the same two cores. So the
+through ``AutoTokenizer`` costs seconds per command, most of it transformers' import (torch
+with it), and runs while the embedded Ray starts, on the same cores (bench/bench_startup.py). So the
 first load of a local tokenizer directory keeps that snapshot on local disk, keyed by
 everything the load depended on, and later loads of the same directory rebuild it in
 milliseconds.

@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 def ray_cluster():
     import ray
 
-    from packfeed.service.pipeline.embedded_ray import start_embedded
+    from packfeed.service.cluster.embedded_ray import start_embedded
 
     if not ray.is_initialized():
         # As a command's embedded Ray: its agent on a free port (Ray's fixed one would slow every
@@ -49,6 +49,6 @@ def ray_cluster():
 def pytest_runtest_teardown(item, nextitem):
     """The shared Ray ends when the next test is not one of this directory's (or none is)."""
     if nextitem is None or HERE not in Path(nextitem.path).parents:
-        from packfeed.service.pipeline.raycluster import shutdown_ray
+        from packfeed.service.cluster.raycluster import shutdown_ray
 
         shutdown_ray()

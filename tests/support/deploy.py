@@ -11,7 +11,7 @@
   resource (ray-operator/controllers/ray/utils/validation.go, at the commit of the CRDs), which
   a schema cannot say: a RayJob that breaks them is accepted by kubectl, then fails.
 * A cluster spec's groups, their Ray container, volumes and the Ray nodes they become
-  (``ray_nodes``), in the shape ``packfeed.service.pipeline.placement`` reads.
+  (``ray_nodes``), in the shape ``packfeed.service.cluster.placement`` reads.
 * ``Manifests``: a folder's documents, a RayJob's cluster and config file; ``parse_entrypoint``
   (packfeed's own parser) and ``load_text`` (packfeed's config loader).
 * Data on a bucket: the storage credentials a pod's Ray container takes from a Secret
@@ -289,7 +289,7 @@ def cpu_quantity(value: Any) -> float:
 
 def ray_nodes(cluster: dict, replicas: str) -> list[dict]:
     """The Ray nodes of ``cluster`` with ``replicas`` ("minReplicas" or "maxReplicas") pods per
-    worker group, as ``packfeed.service.pipeline.placement.node_resources()`` reports nodes."""
+    worker group, as ``packfeed.service.cluster.placement.node_resources()`` reports nodes."""
     nodes = []
     for name, group in groups(cluster):
         for i in range(1 if name == "head" else group[replicas]):

@@ -1,4 +1,4 @@
-"""The driver's head start (service/pipeline/head_start.py) on the bundled corpus, for its unit tests."""
+"""The driver's head start (service/packjob/head_start.py) on the bundled corpus, for its unit tests."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def bundled_setup() -> tuple[Any, Any, Any]:
 
 def start_head(setup: tuple[Any, Any, Any], out, **kwargs) -> tuple[Any, threading.Thread]:
     """A HeadStart of ``setup`` writing to ``out``, running in its own thread."""
-    from packfeed.service.pipeline.head_start import HeadStart
+    from packfeed.service.packjob.head_start import HeadStart
 
     config, plan, shipped = setup
     head = HeadStart(config, plan, shipped, output=str(out), **kwargs)

@@ -27,8 +27,8 @@ def ray_reaching(env: dict[str, str]) -> Iterator[None]:
     restored afterwards."""
     import ray
 
-    from packfeed.service.pipeline.embedded_ray import start_embedded
-    from packfeed.service.pipeline.raycluster import shutdown_ray
+    from packfeed.service.cluster.embedded_ray import start_embedded
+    from packfeed.service.cluster.raycluster import shutdown_ray
 
     shutdown_ray()
     saved = {name: os.environ.get(name) for name in env}

@@ -63,7 +63,7 @@ LIGHT_IMPORTS_INSIDE_FUNCTIONS: dict[tuple[str, str], str] = {
     # `packfeed` imports every subcommand module to build its parser (service/cli.py): what a
     # subcommand runs is imported when it runs. Measured after the rest of `packfeed --help`
     # (bytecode cached, the least of 6 runs on 2 busy cores):
-    ("packfeed.service.commands.pack", "packfeed.service.pipeline.pack_run"): "pack's pipeline, 13 ms",
+    ("packfeed.service.commands.pack", "packfeed.service.packjob.pack_run"): "pack's pipeline, 13 ms",
     ("packfeed.service.commands.serve", "packfeed.service.delivery.serve_run"): "serve's server, 16 ms with server",
     ("packfeed.service.commands.serve", "packfeed.service.delivery.server"): "serve's server, 16 ms with serve_run",
     # a packing actor's import of the window code is a start-up phase of its own, timed
@@ -80,7 +80,7 @@ LIGHT_THIRD_PARTY_INSIDE_FUNCTIONS: dict[tuple[str, str], str] = {
     ("packfeed.service.tokenize.shipped", "tokenizers"): "an actor's first use only; 4 ms on every start",
     ("packfeed.trainer.hf", "pyarrow.compute"): "a Ray dataset's rows only; 40 ms on every start",
     ("packfeed.trainer.model.memory_plan", "psutil"): "a CPU run's memory only; 6 ms on every start",
-    ("packfeed.service.pipeline.raycluster", "psutil"): "the processes below Ray, at its shutdown; 6 ms on every start",
+    ("packfeed.service.cluster.raycluster", "psutil"): "the processes below Ray, at its shutdown; 6 ms on every start",
 }
 
 

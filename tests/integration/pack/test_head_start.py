@@ -1,4 +1,4 @@
-"""`packfeed pack`'s head start (pipeline/head_start.py), each run a fresh process with its own
+"""`packfeed pack`'s head start (packjob/head_start.py), each run a fresh process with its own
 embedded Ray: the driver packs windows while Ray and the packing actors start, and the output
 is the actors' own, file for file.
 
@@ -44,7 +44,9 @@ SLOW_DRIVER = textwrap.dedent("""
     import os, sys, time
     import ray
     from ray.experimental import internal_kv
-    from packfeed.service.pipeline import head_start, part_sink, window
+    from packfeed.service.packed import part_sink
+    from packfeed.service.packjob import head_start
+    from packfeed.service.pipeline import window
     from packfeed.service.cli import main
 
     head_start.ACTORS_START_S = head_start.RAY_START_S = 0.0

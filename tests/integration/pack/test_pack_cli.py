@@ -215,7 +215,7 @@ def test_same_inputs_and_seed_give_identical_rows_whatever_the_workers(ray_clust
 def test_on_a_multi_node_cluster_the_driver_writes_a_local_output_with_the_same_rows(ray_cluster, corpus, packed_50,
                                                                                     tmp_path, monkeypatch):
     """A local --output of a multi-node cluster is the driver's disk: the rows come to it."""
-    import packfeed.service.pipeline.pack_run as pack_module
+    import packfeed.service.packjob.pack_run as pack_module
 
     inputs, _, _ = corpus
     actors, _ = packed_50[2]  # written by the actors (one node: its disk is the driver's)
@@ -358,7 +358,7 @@ def test_the_library_starts_an_embedded_ray_whatever_was_imported_first(tmp_path
     machine, and the agent still answers (it used to retry for 3.5 s, then start without it)."""
     script = (
         "import {first}, os, urllib.request\n"
-        "from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray\n"
+        "from packfeed.service.cluster.raycluster import init_ray, shutdown_ray\n"
         "print(init_ray('local'))\n"
         "import ray\n"
         "print('a task returned', ray.get(ray.remote(lambda: 2).remote()))\n"
@@ -398,9 +398,9 @@ def test_no_ray_data_thread_outlives_its_reader_or_ray(tmp_path):
         "from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path\n"
         "from packfeed.service.data.config import DataConfig\n"
         "from packfeed.service.pipeline.ray_pipeline import PackingPipeline\n"
-        "from packfeed.service.pipeline.scaling import PackingScaling\n"
+        "from packfeed.service.cluster.scaling import PackingScaling\n"
         "from packfeed.service.data.plan import build_plan\n"
-        "from packfeed.service.pipeline.raycluster import init_ray, shutdown_ray\n"
+        "from packfeed.service.cluster.raycluster import init_ray, shutdown_ray\n"
         "said = {}\n"
         "init_ray('local')\n"
         "config = DataConfig.from_inputs(demo_corpus_paths(), tokenizer=demo_tokenizer_path(), seq_len=512,\n"

@@ -20,10 +20,10 @@ import pytest
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline import head_start as head_start_module
-from packfeed.service.pipeline import raycluster
-from packfeed.service.pipeline.pack_run import run_pack
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.packjob import head_start as head_start_module
+from packfeed.service.cluster import raycluster
+from packfeed.service.packjob.pack_run import run_pack
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.tokenize import samples
 
 pytestmark = pytest.mark.integration

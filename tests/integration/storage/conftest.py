@@ -12,7 +12,8 @@ from support.s3 import s3, s3_faulty, s3_proxy, s3_server  # noqa: F401 - fixtur
 
 from packfeed.service.inputs.disk_cache import DIR_ENV
 from packfeed.service.inputs.read_cache import reset_shared_caches
-from packfeed.service.pipeline import head_start, raycluster
+from packfeed.service.cluster import raycluster
+from packfeed.service.packjob import head_start
 from packfeed.service.storage import RetryPolicy, set_policy
 
 FAST = RetryPolicy(budget_s=2.0, num_connect_attempts=3, base_delay_s=0.005, max_delay_s=0.05)

@@ -15,7 +15,7 @@ import pytest
 from packfeed.service import storage
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline.pack_run import run_pack
+from packfeed.service.packjob.pack_run import run_pack
 from packfeed.trainer.state import run_dir
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.inputs.read_cache import reset_shared_caches
 from packfeed.service.packed.writer import read_packed_dir
-from packfeed.service.pipeline.pack_run import run_pack
+from packfeed.service.packjob.pack_run import run_pack
 from packfeed.service.pipeline.summary import format_summary
 from packfeed.service.storage.limiter import limiter_for
 from packfeed.service.storage.retry import current_policy

@@ -36,7 +36,7 @@ def small_corpus(tmp_path):
 
 def test_packed_hf_dataset_of_the_ray_stream_keeps_every_row(ray_cluster, small_corpus):
     from packfeed.service.pipeline.ray_pipeline import PackingPipeline
-    from packfeed.service.pipeline.scaling import PackingScaling
+    from packfeed.service.cluster.scaling import PackingScaling
     from packfeed.service.data.plan import build_plan
 
     config = DataConfig.from_inputs((small_corpus,), tokenizer=demo_tokenizer_path(), seq_len=256, window_samples=64)

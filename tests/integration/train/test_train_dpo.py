@@ -17,7 +17,7 @@ import pytest
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.loop.interval import read_jsonl
 from support.serve import REPO

@@ -29,7 +29,7 @@ from support.train import corpus_head
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
 from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
 from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.loop.interval import read_jsonl

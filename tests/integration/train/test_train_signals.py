@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.train import STOPPED, SIGNAL_AT, Train, last_packfeed_line, wait_for_line, wait_for_step, write_config
 
-from packfeed.service.pipeline.raycluster import Terminated
+from packfeed.service.cluster.raycluster import Terminated
 from packfeed.trainer.launch.signals import StopSignals
 
 pytestmark = pytest.mark.integration

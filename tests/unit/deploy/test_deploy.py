@@ -44,12 +44,12 @@ from support.deploy import (
     volume_at,
     volume_file_key,
 )
-from packfeed.service.pipeline import placement
+from packfeed.service.cluster import placement
 from packfeed.service.cli import build_parser
 from packfeed.service.commands import serve
 from packfeed.service.commands.args import data_config_from_args, load_config_file, packing_from_args
 from packfeed.trainer.launch.command import run_config_from_args
-from packfeed.service.pipeline.placement import check_train_placement as check_placement
+from packfeed.service.cluster.placement import check_train_placement as check_placement
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = Manifests(REPO / "deploy" / "k8s")

@@ -301,7 +301,7 @@ def test_serve_checks_the_chat_template_before_ray(chat, no_template_tokenizer):
     from packfeed.service.cli import build_parser
     from packfeed.service.commands.args import data_config_from_args
     from packfeed.service.delivery.serve_run import open_pipeline_stream
-    from packfeed.service.pipeline.scaling import PackingScaling
+    from packfeed.service.cluster.scaling import PackingScaling
 
     args = build_parser().parse_args(["serve", chat, "--tokenizer", no_template_tokenizer, "--seq-len", "64"])
     with pytest.raises(ValueError, match=r"source 'chat': .*chat.jsonl: row 0, sample 0: tokenizer .* no chat "):

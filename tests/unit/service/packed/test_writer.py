@@ -285,7 +285,7 @@ def test_part_files_written_by_others_make_the_same_dataset(tmp_path, store, whe
 
     from packfeed.service import storage
     from packfeed.service.packed.writer import write_part
-    from packfeed.service.pipeline.part_sink import part_name
+    from packfeed.service.packed.part_sink import part_name
 
     out = str(tmp_path / "pack") if where == "local" else f"{store}/pack"
     counts = [3, 0, 4, 1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packfeed.service.pipeline.part_sink import part_name
+from packfeed.service.packed.part_sink import part_name
 from packfeed.service.pipeline.startup import ACTOR_PHASES, startup_phases
 
 DRIVER = [("plan", 10.5), ("tokenizer_load", 11.0), ("probe", 11.25), ("ray_start", 14.0), ("pipeline", 14.5)]
@@ -56,7 +56,7 @@ def test_the_modules_an_embedded_rays_workers_preload_import_alone_without_torch
     import subprocess
     import sys
 
-    from packfeed.service.pipeline.raycluster import WORKER_PRELOAD_MODULES
+    from packfeed.service.cluster.raycluster import WORKER_PRELOAD_MODULES
 
     code = ("import importlib, sys\n"
             f"for name in {list(WORKER_PRELOAD_MODULES)!r}: importlib.import_module(name)\n"

@@ -162,11 +162,12 @@ def test_a_template_not_of_that_form_falls_back_counted_with_its_reason(template
         report = fast.take_backend_report()  # what the run's stats and log say
         assert report["chat_template"] == {"rendered_by": "jinja", "reasons": [reason],
                                            "samples": renderer.paths["jinja"]}
+        caplog.clear()  # what the tokenizing above logged (its first learning of the template in this process)
         with caplog.at_level(logging.INFO, logger="packfeed.service.tokenize.fast.backend"):
             log_choices([report, report], 0)
-        assert [r.getMessage() for r in caplog.records if "Jinja" in r.getMessage()] == [
-            f"tokenizer {fast.name!r}: its chat template is rendered through Jinja per sample: {reason}"]
-        caplog.clear()
+        said = [r.getMessage() for r in caplog.records
+                if r.name == "packfeed.service.tokenize.fast.backend" and "Jinja" in r.getMessage()]
+        assert said == [f"tokenizer {fast.name!r}: its chat template is rendered through Jinja per sample: {reason}"]
 
 
 def test_a_learned_rendering_that_differs_on_the_data_is_dropped_for_jinja(templated):

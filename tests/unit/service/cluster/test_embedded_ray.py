@@ -9,9 +9,9 @@ import os
 import psutil
 import pytest
 
-from packfeed.service.pipeline import embedded_ray
+from packfeed.service.cluster import embedded_ray
 from packfeed.service.errors import user_message
-from packfeed.service.pipeline.embedded_ray import NODE_TIMED_OUT, START_ATTEMPTS, RayStartTimedOut, start_embedded
+from packfeed.service.cluster.embedded_ray import NODE_TIMED_OUT, START_ATTEMPTS, RayStartTimedOut, start_embedded
 
 
 class FakeInit:

@@ -15,11 +15,12 @@ import pytest
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.data.config import DataConfig
-from packfeed.service.pipeline import head_start, pack_report, raycluster
-from packfeed.service.pipeline.head_start import DriverWindow
-from packfeed.service.pipeline.pack_report import PackReport
-from packfeed.service.pipeline.pack_run import run_pack
-from packfeed.service.pipeline.ray_beside import RayTimes
+from packfeed.service.cluster import raycluster
+from packfeed.service.packjob import head_start, pack_report
+from packfeed.service.packjob.head_start import DriverWindow
+from packfeed.service.packjob.pack_report import PackReport
+from packfeed.service.packjob.pack_run import run_pack
+from packfeed.service.packjob.ray_beside import RayTimes
 from packfeed.service.pipeline.startup import StartupClock
 from packfeed.service.pipeline.stats import Counts, RunStats, WindowStats, new_run_stats
 from packfeed.service.pipeline.summary import format_summary

@@ -14,8 +14,8 @@ Whether the actors fit is a property of the flags and the Ray, never of the corp
 ``check_packing`` refuses, before anything starts, actors that could never all be placed, on
 the Ray the run has joined or on the embedded Ray it would start (placement.embedded_node: this
 machine's CPUs as Ray counts them), whether or not the driver's head start then starts that Ray
-(pipeline/head_start.py). ``--cpus-per-worker 64`` on 2 CPUs used to pass on the bundled corpus
-(the driver packed it, no Ray started) and fail on a corpus large enough to start Ray. The count
+(packjob/head_start.py): ``--cpus-per-worker 64`` on 2 CPUs fails on the bundled corpus (which
+the driver packs alone) as it would on a corpus large enough to start Ray. The count
 checked is the one asked for, not the fewer actors a run of few windows starts (``num_actors``):
 ``--num-workers 4`` on 2 CPUs is refused for 1 window as for 100, as ``packfeed train`` refuses it.
 """
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from packfeed.service.pipeline import placement, raycluster
+from packfeed.service.cluster import placement, raycluster
 
 # [scaling] key -> PackingScaling field
 TABLE_KEYS = {

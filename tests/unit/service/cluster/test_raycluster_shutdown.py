@@ -16,7 +16,7 @@ import psutil
 import pytest
 import ray._private.worker
 
-from packfeed.service.pipeline import raycluster
+from packfeed.service.cluster import raycluster
 
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
 

@@ -1,4 +1,4 @@
-"""A scaling or placement flag means the same on any corpus (service/pipeline/scaling.py,
+"""A scaling or placement flag means the same on any corpus (service/cluster/scaling.py,
 ``check_packing``): actors that could never be placed are refused before anything starts, on
 the embedded Ray this machine would start (placement.embedded_node: its CPUs as Ray counts
 them), whether the driver then packs the run alone (the head start: no Ray) or Ray starts.
@@ -12,10 +12,11 @@ import pytest
 
 from packfeed.service.assets import demo_corpus_paths, demo_tokenizer_path
 from packfeed.service.cli import main
-from packfeed.service.pipeline import head_start, placement
-from packfeed.service.pipeline.placement import ray_cpus
-from packfeed.service.pipeline.raycluster import ray_initialised
-from packfeed.service.pipeline.scaling import PackingScaling, check_packing, flags_set
+from packfeed.service.cluster import placement
+from packfeed.service.packjob import head_start
+from packfeed.service.cluster.placement import ray_cpus
+from packfeed.service.cluster.raycluster import ray_initialised
+from packfeed.service.cluster.scaling import PackingScaling, check_packing, flags_set
 
 CPUS = ray_cpus()
 LAPTOP = {"id": "l", "address": "", "resources": {"CPU": 2.0}, "labels": {}}

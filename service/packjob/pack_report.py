@@ -24,8 +24,8 @@ import time
 from typing import Any
 
 from packfeed.service.data.plan import StreamPlan
-from packfeed.service.pipeline.head_start import DriverWindow
-from packfeed.service.pipeline.ray_beside import RayTimes
+from packfeed.service.packjob.head_start import DriverWindow
+from packfeed.service.packjob.ray_beside import RayTimes
 from packfeed.service.pipeline.startup import StartupClock
 from packfeed.service.pipeline.stats import RunStats, fold_window
 

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from packfeed.service.pipeline import ray_beside, raycluster
+from packfeed.service.cluster import raycluster
+
+from packfeed.service.packjob import ray_beside
 from packfeed.service.pipeline.startup import StartupClock
 
 

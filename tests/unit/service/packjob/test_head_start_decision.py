@@ -1,4 +1,4 @@
-"""When the head start starts Ray (pipeline/head_start.py, ``actors_pay_off_after``): only when Ray
+"""When the head start starts Ray (packjob/head_start.py, ``actors_pay_off_after``): only when Ray
 and packing actors end the run sooner than the driver alone, which packs on, slowed, while they
 start, and then shares what is left with them. Pure: the machine is given as numbers.
 
@@ -15,7 +15,7 @@ import time
 import pytest
 from support.head_start import bundled_setup, start_head
 
-from packfeed.service.pipeline.head_start import (
+from packfeed.service.packjob.head_start import (
     ACTORS_START_S,
     RAY_START_S,
     actors_pay_off_after,
@@ -76,7 +76,7 @@ def test_what_started_ray_still_starts_the_actors_at_the_hand_over():
     hand-over the driver has packed on through Ray's start, slowed, and the question is asked of
     the actors alone (ACTORS_START_S). A driver whose pace held would not find them too late: Ray
     is never started for actors the hand-over then does without (the issue's 13 windows)."""
-    from packfeed.service.pipeline.head_start import START_CPUS, ray_budget
+    from packfeed.service.packjob.head_start import START_CPUS, ray_budget
 
     checked = 0
     for _, cpus, free, driver, actors, windows in SWEEP:
@@ -106,7 +106,8 @@ def bundled():
 def started(bundled, out, monkeypatch, slow_s: dict[int, float], threshold_s: float, **kwargs):
     """A head start whose windows ``k`` sleep ``slow_s[k]`` first, and whose actors pay off above
     ``threshold_s`` of the driver's seconds, whatever the machine."""
-    from packfeed.service.pipeline import head_start, window
+    from packfeed.service.packjob import head_start
+    from packfeed.service.pipeline import window
 
     pack_window = window.process_window
 

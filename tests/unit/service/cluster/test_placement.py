@@ -1,4 +1,4 @@
-"""Placement (service/pipeline/placement.py): label selectors matched as Ray
+"""Placement (service/cluster/placement.py): label selectors matched as Ray
 matches them, role defaults only on labelled clusters, and requests that can never be placed
 refused with the numbers. Pure: nodes are dicts as ``node_resources()`` returns them."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from packfeed.service.pipeline.placement import check_fits, label_matches, resolve
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.cluster.placement import check_fits, label_matches, resolve
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.trainer.run_config import TrainScaling
-from packfeed.service.pipeline.placement import check_train_placement as check_placement
+from packfeed.service.cluster.placement import check_train_placement as check_placement
 
 HEAD = {"id": "h", "address": "", "resources": {"CPU": 1.0}, "labels": {}}
 PACKER = {"id": "p", "address": "", "resources": {"CPU": 4.0}, "labels": {"packfeed/role": "packer"}}

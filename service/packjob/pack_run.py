@@ -49,12 +49,12 @@ from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.packed.location import META_DIR, kept_scan
 from packfeed.service.packed.writer import ParquetRowWriter, prepare_output
-from packfeed.service.pipeline.head_start import HeadStart
-from packfeed.service.pipeline.pack_report import PackReport
-from packfeed.service.pipeline.part_sink import PartSink, RowLedger, part_name
+from packfeed.service.packjob.head_start import HeadStart
+from packfeed.service.packjob.pack_report import PackReport
+from packfeed.service.packed.part_sink import PartSink, RowLedger, part_name
 from packfeed.service.pipeline.preflight import Checked, preflight
-from packfeed.service.pipeline.ray_beside import RayBesideChecks, RayTimes
-from packfeed.service.pipeline.scaling import PackingScaling, flags_set, place_packing
+from packfeed.service.packjob.ray_beside import RayBesideChecks, RayTimes
+from packfeed.service.cluster.scaling import PackingScaling, flags_set, place_packing
 from packfeed.service.pipeline.startup import StartupClock
 from packfeed.service.pipeline.stats import RunStats, new_run_stats
 from packfeed.service.pipeline.summary import format_summary, run_failure

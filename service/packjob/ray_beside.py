@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from packfeed.service.pipeline import raycluster
+from packfeed.service.cluster import raycluster
 from packfeed.service.pipeline.preflight import Checked, RayStart
-from packfeed.service.pipeline.scaling import PackingScaling, check_packing
+from packfeed.service.cluster.scaling import PackingScaling, check_packing
 from packfeed.service.pipeline.startup import StartupClock
 
 logger = logging.getLogger("packfeed")
@@ -84,8 +84,8 @@ class RayBesideChecks(RayStart):
 
 
 def _import_pipeline() -> None:
-    """Import what building the pipeline imports (Ray Data, ~0.4 s on this machine) in the
-    checks' thread, while an embedded Ray is still starting, not after it is up."""
+    """Import what building the pipeline imports (Ray Data: a large import) in the checks'
+    thread, while an embedded Ray is still starting, not after it is up."""
     import ray.data  # the import this function is for
 
     import packfeed.service.pipeline.ray_pipeline  # noqa: F401  (imports Ray)

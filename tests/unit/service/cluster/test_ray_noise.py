@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from packfeed.service.pipeline import ray_noise
+from packfeed.service.cluster import ray_noise
 
 # As Ray 2.60 printed them (the driver's own core worker; the GCS's, forwarded with its prefix).
 CONSTRUCTOR = (b"[2026-11-29 02:11:57,985 E 26709 26709] core_worker.cc:2465: Actor with class name: "

@@ -64,11 +64,11 @@ from packfeed.service import faults, storage
 from packfeed.service.data.config import DataConfig
 from packfeed.service.data.plan import StreamPlan
 from packfeed.service.packed.writer import write_part
-from packfeed.service.pipeline import placement
+from packfeed.service.cluster import placement
 from packfeed.service.pipeline.collector import collector_paused
 from packfeed.service.pipeline import window as windows  # process_window looked up per call: drills slow it
-from packfeed.service.pipeline.part_sink import RowLedger, part_name
-from packfeed.service.pipeline.scaling import PackingScaling
+from packfeed.service.packed.part_sink import RowLedger, part_name
+from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.pipeline.stats import WindowStats
 
 # An embedded Ray of 2 idle cores took 2.4-3 s to start, and its packing actors 2-2.7 s from

@@ -3,7 +3,7 @@ nodes); an embedded Ray starts after the plan, so every input check answers befo
 
 import pytest
 
-from packfeed.service.pipeline.raycluster import joins_a_cluster
+from packfeed.service.cluster.raycluster import joins_a_cluster
 
 
 @pytest.mark.parametrize("address, env, joins", [

@@ -1,4 +1,4 @@
-"""The driver's head start without Ray (pipeline/head_start.py): the bundled corpus packed by
+"""The driver's head start without Ray (packjob/head_start.py): the bundled corpus packed by
 ``HeadStart.run`` in a thread, the row ledger a dictionary with RowLedger's claim rule (the first
 claim wins; the actors' holds for every actor). Checked: the files equal each window packed and
 written on its own, numbered from the rows before it; nothing is written before ``release``;
@@ -24,8 +24,8 @@ from packfeed.client.rows import renumber_rows
 from packfeed.service import faults
 from packfeed.service.faults import FAULTS_ENV, FaultInjected
 from packfeed.service.packed.writer import write_part
-from packfeed.service.pipeline.head_start import MIN_FREE_SHARE, free_share, ray_budget
-from packfeed.service.pipeline.part_sink import part_name
+from packfeed.service.packjob.head_start import MIN_FREE_SHARE, free_share, ray_budget
+from packfeed.service.packed.part_sink import part_name
 from packfeed.service.pipeline.window import process_window, window_tokenizers
 
 
@@ -174,7 +174,8 @@ def test_a_slow_first_window_starts_ray_before_it_ends(setup, tmp_path, monkeypa
     take longer than the budget, so Ray is wanted while window 0 still packs. The rest of the
     machine is read as idle here: on a machine others keep busy actors never pay off, and the
     head start rightly waits for the window (test_beside_busy_processes... holds that case)."""
-    from packfeed.service.pipeline import head_start, window
+    from packfeed.service.packjob import head_start
+    from packfeed.service.pipeline import window
 
     _, plan, _ = setup
     monkeypatch.setattr(head_start, "others_cpu_seconds", lambda: 0.0)
@@ -243,7 +244,7 @@ def test_a_failed_first_window_wants_no_ray_and_keeps_its_error(setup, tmp_path,
 
 def test_a_failed_write_stops_the_packing_and_is_raised(setup, tmp_path, monkeypatch):
     """The writes run in their own thread: one that fails ends the driver's packing too."""
-    from packfeed.service.pipeline import head_start
+    from packfeed.service.packjob import head_start
 
     _, plan, _ = setup
     write = head_start.write_part

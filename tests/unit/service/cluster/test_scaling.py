@@ -1,4 +1,4 @@
-"""The packing actors' one type (service/pipeline/scaling.py): what the [scaling] table, the
+"""The packing actors' one type (service/cluster/scaling.py): what the [scaling] table, the
 flags of pack and serve, and train's TrainScaling give is the same PackingScaling, checked by
 one rule per field whose message names what the user wrote. Pure: nodes are dicts."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from packfeed.service.pipeline.scaling import TABLE_KEYS, PackingScaling
+from packfeed.service.cluster.scaling import TABLE_KEYS, PackingScaling
 from packfeed.trainer.run_config import RunConfig, TrainScaling
 
 LAPTOP = {"id": "l", "address": "", "resources": {"CPU": 2.0}, "labels": {}}

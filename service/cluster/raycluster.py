@@ -48,8 +48,8 @@ import time
 from typing import Iterator
 
 from packfeed.client.transport import TOKEN_ENV
-from packfeed.service.pipeline.embedded_ray import free_port, start_embedded
-from packfeed.service.pipeline.ray_noise import quiet_ray, stop_filtering
+from packfeed.service.cluster.embedded_ray import free_port, start_embedded
+from packfeed.service.cluster.ray_noise import quiet_ray, stop_filtering
 
 DEFAULT_OBJECT_STORE_BYTES = 1 << 30  # Ray's default (30% of RAM) is more than a small machine can spare
 # What a packing actor imports, imported by every worker of an embedded Ray as it starts (Ray's
@@ -163,11 +163,10 @@ def _stop_and_wait(processes: list, timeout: float = 5.0) -> None:
 
     A raylet stopped by ``ray.shutdown()`` exits before its workers, and the dashboard before
     its modules; left alone they end on their own, a packing actor through Python's whole exit
-    (Ray Data, pyarrow, the tokenizer loaded): 0.25 s after the raylet on an idle machine, up
-    to 1.8 s on a loaded one; ``train``'s dashboard modules and controller 1.2 s (measured).
-    The command's exit used to come 2 s later; now it would come first and leave them running.
-    Told to stop, they were gone in 0.01-0.04 s (``pack``), 0.4 s (``train``): when the command
-    exits, its Ray is gone."""
+    (Ray Data, pyarrow, the tokenizer loaded), a fraction of a second after the raylet on an
+    idle machine, seconds on a loaded one, ``train``'s dashboard modules and controller about a
+    second: the command's exit would come first and leave them running. Told to stop, they are
+    gone in a fraction of a second: when the command exits, its Ray is gone."""
     import psutil
 
     def running(process) -> bool:
