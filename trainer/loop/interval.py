@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -55,12 +56,16 @@ class MetricsWindow:
     data_wait: float = 0.0
     pairs: int = 0
     reward_sums: dict[str, float] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)
 
     def add(self, *, loss: float, real_tokens: int, slots: int, data_wait: float, pairs: int = 0,
-            rewards: Mapping[str, float] | None = None) -> None:
+            rewards: Mapping[str, float] | None = None, grad_norm: float = float("nan")) -> None:
         """One step's figures; ``pairs`` and ``rewards`` (chosen, rejected, margin, accuracy: the
-        step's pair means) come with the DPO objective only."""
+        step's pair means) come with the DPO objective only; ``grad_norm``: the whole model's
+        gradient norm before clipping (NaN for a step that trained no token: not counted)."""
         self.steps += 1
+        if math.isfinite(grad_norm):
+            self.grad_norms.append(grad_norm)
         self.loss_sum += loss
         self.real_tokens += real_tokens
         self.slots += slots
@@ -80,6 +85,7 @@ class MetricsWindow:
             "step": step,
             "loss": self.loss_sum / max(self.steps, 1),
             "lr": lr,
+            "grad_norm": sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else None,
             "tokens_per_s": tokens_per_s,
             "fill": tokens / max(slots, 1),
             "data_wait": self.data_wait / seconds,
@@ -96,8 +102,9 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
            if "reward_margin" in record else "")
     ranks = (record.get("memory") or {}).get("ranks")
     peak = f"  peak {max(r['peak_bytes'] for r in ranks) / 2**30:.2f} GiB" if ranks else ""
+    norm = f"  grad norm {record['grad_norm']:.3g}" if record.get("grad_norm") is not None else ""
     return (
-        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}  lr {record['lr']:.2e}  "
+        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}  lr {record['lr']:.2e}{norm}  "
         f"{record['tokens_per_s']:,.0f} tok/s  fill {record['fill']:.1%}  "
         f"data wait {record['data_wait']:.0%}{mfu}{peak}"
     )

@@ -167,7 +167,7 @@ def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: 
             check_pairs_trained(result, rows, step)
         window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
                    slots=sum(r.num_rows for r in rows) * run.data.seq_len, data_wait=wait, pairs=result.pairs,
-                   rewards=result.rewards)
+                   rewards=result.rewards, grad_norm=result.grad_norm)
         if train.record_rows:
             _record_rows(output, rank=rank, step=step, loss=result.loss, rows=rows)
         if step % train.log_every == 0 or step == last:

@@ -32,6 +32,7 @@ from support.serve import REPO, GroupWatch, ServerProcess, kill_groups
 from support.train import PACKFEED, Train, corpus_head, run_config_text, wait_for_step
 
 from packfeed.service.assets import demo_tokenizer_path
+from packfeed.trainer.loop.interval import read_jsonl
 from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
 
 pytestmark = pytest.mark.integration
@@ -131,6 +132,11 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
     assert (summary["launcher"], ray_summary["launcher"]) == ("torchrun", "ray")
     # one end of a run for both launchers (launch/finish.py): the same keys, the same lines printed
     assert sorted(summary) == sorted(ray_summary)
+    for run_dir in (ray_run, output):  # every step's gradient norm reaches the records, as the same figure
+        norms = [r["grad_norm"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+        assert len(norms) == STEPS and all(n is not None and n > 0 for n in norms), norms
+    assert [r["grad_norm"] for r in read_jsonl(output / "metrics.jsonl")] == pytest.approx(
+        [r["grad_norm"] for r in read_jsonl(ray_run / "metrics.jsonl")], rel=1e-4)
     assert summary["stream_rows"] == ray_summary["stream_rows"] and summary["final_step"] == STEPS
     assert summary_labels(out) == summary_labels(ray_run.with_suffix(".log").read_text())
     training = re.compile(r"^training \S+ on .+, 4 rows of 256 per step, steps 0->8 -> ", re.M)
