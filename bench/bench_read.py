@@ -12,6 +12,9 @@ piece stops trying after ``read.TYPED_TRIAL`` lines). Per file: CPU
 seconds per line of ``read_window`` over the whole file (one window), the least of
 ``--repeat``, the typed decoders on and replaced by ones that refuse every line, the settings
 in turn; the share of lines the typed decode took; that both gave the same records and skips.
+``--windows``: then a packing actor's windows of the chat-heavy corpus (``process_window``,
+Qwen2.5 with ``chat_corpus``'s rewritten template, seq_len 4096, 8,192 samples, the first left
+out), each packed both ways in turn, four times: the median CPU seconds per window.
 """
 
 from __future__ import annotations
@@ -38,10 +41,44 @@ def window_of(path: Path):
     return WindowSpec(index=0, epoch=0, pieces=(piece,)), num_rows
 
 
+def windows_both_ways(files: list[Path], repeat: int = 4) -> dict[str, float]:
+    """Median CPU seconds of ``process_window`` per window, typed decoders on and off in turn."""
+    import statistics
+
+    from bench_tokenize import REPO, qwen_tokenizer
+    from chat_corpus import chat_tokenizer
+
+    from packfeed.service.data.config import DataConfig
+    from packfeed.service.data.plan import build_plan
+    from packfeed.service.inputs import read
+    from packfeed.service.pipeline import window as win
+    from packfeed.service.tokenize.samples import load_tokenizer
+
+    cache = REPO / "runs" / "bench-cache"
+    tokenizer = chat_tokenizer(qwen_tokenizer(cache), cache / "qwen2.5-rewritten")
+    config = DataConfig.from_inputs([str(f) for f in files], tokenizer=tokenizer, seq_len=4096, window_samples=8192,
+                                    tokenizer_backend="fast")  # fmt: skip
+    plan = build_plan(config)
+    tokenizers = win.window_tokenizers(config, plan, load_tokenizer(tokenizer, backend="fast", num_threads=1).ship(), 1)
+    ways = {"typed": read.TYPED_DECODERS, "general": {fmt: (lambda line: None) for fmt in read.TYPED_DECODERS}}
+    win.process_window(plan.window(0), tokenizers, config, plan)  # the proof and first-use costs
+    seconds = {way: [] for way in ways}
+    for rep in range(repeat):
+        for k in range(1, plan.num_windows):
+            for way in sorted(ways, reverse=rep % 2 == 1):
+                read.TYPED_DECODERS = ways[way]
+                t0 = time.process_time()
+                win.process_window(plan.window(k), tokenizers, config, plan)
+                seconds[way].append(time.process_time() - t0)
+    read.TYPED_DECODERS = ways["typed"]
+    return {way: statistics.median(s) for way, s in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--windows", action="store_true", help="also a packing actor's windows both ways")
     args = parser.parse_args()
     from packfeed.service.inputs import read
 
@@ -76,6 +113,12 @@ def main() -> None:
     table(f"## read_window over each file (one window, format auto), CPU us per line, least of {args.repeat}",
           ["file", "lines", "general path", "typed decode", "general / typed", "lines typed", "same records, skips"],
           rows)
+    if args.windows:
+        chat_files = list(write_chat_corpus(work / "windows", 3 * args.tokens).values())
+        median = windows_both_ways(chat_files)
+        table("## process_window on the chat-heavy corpus, windows of 8,192 samples, median CPU s per window",
+              ["general path", "typed decode", "typed / general"],
+              [[f"{median['general']:.4f}", f"{median['typed']:.4f}", f"{median['typed'] / median['general']:.2f}"]])
 
 
 if __name__ == "__main__":
