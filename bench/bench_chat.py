@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multilingual import reference_texts, sample_texts  # noqa: E402
 from bench_tokenize import REPO, qwen_tokenizer  # noqa: E402
 from chat_corpus import chat_tokenizer, write_chat_corpus  # noqa: E402
-from report import table  # noqa: E402
+from report import CHAT_PATH_HEADER, chat_path_rows, table  # noqa: E402
 
 
 class CollectorClock:
@@ -116,7 +116,7 @@ def actor_windows(tokenizer: str, files: list[Path], seq_len: int, window_sample
         raw_tokens += n
     writer.close(config={}, stats={})
     gc.unfreeze()
-    paths = {mode: getattr(t._renderer(), "paths", {}) for mode, t in tokenizers.items() if t._chat is not None}
+    paths = chat_path_rows(tokenizers)
     return {"tokens": tokens, "seconds": seconds, "raw_tokens": raw_tokens, "raw_seconds": raw_seconds,
             "windows": plan.num_windows - 1, "rss": psutil.Process().memory_info().rss, "paths": paths}
 
@@ -187,7 +187,7 @@ def main() -> None:
     raw = {f.stem: raw_quicktok(quick, sample_texts(tok, f)) for f in files}
     clock = CollectorClock()
     prof = cProfile.Profile() if args.profile else None
-    rows, paths = [], {}
+    rows, paths = [], []
     for w in [int(x) for x in args.window_samples.split(",")]:
         for collector in args.collector.split(","):
             clock.passes, clock.seconds = 0, 0.0
@@ -207,8 +207,7 @@ def main() -> None:
         per_kind.append([k.removeprefix("chat_"), f"{n / s:,.0f}", f"{own:,.0f}", f"{n / s / own:.2f}"])
     table("## each format alone through SampleTokenizer.tokenize (fast, one thread)",
           ["kind", "tokenize tokens/s", "raw quicktok tokens/s, same texts", "x raw quicktok"], per_kind)
-    table("## how the chat samples were tokenized (the last run's actor)", ["loss mode", "paths"],
-          [[mode, ", ".join(f"{k}: {v}" for k, v in sorted(p.items())) or "-"] for mode, p in paths.items()])
+    table("## how the chat samples were tokenized (the last run's actor)", CHAT_PATH_HEADER, paths)
     if prof:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.profile)
 

@@ -36,7 +36,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tokenize import REPO, qwen_tokenizer  # noqa: E402
 from multilingual_corpus import write_multilingual  # noqa: E402
-from report import table  # noqa: E402
+from report import CHAT_PATH_HEADER, chat_path_rows, table  # noqa: E402
 
 
 def sample_texts(tok, path: Path) -> list[str]:
@@ -135,7 +135,7 @@ def actor_windows(tokenizer: str, files: list[Path], seq_len: int, window_sample
         prof.disable()
         pstats.Stats(prof).sort_stats("cumulative").print_stats(profile)
     writer.close(config={}, stats={})
-    return {"tokens": tokens, "raw_tokens": raw_tokens, **t}
+    return {"tokens": tokens, "raw_tokens": raw_tokens, **t, "paths": chat_path_rows(tokenizers)}
 
 
 def per_format(tokenizer: str, files: list[Path], seq_len: int) -> dict[str, tuple[int, float]]:
@@ -176,7 +176,7 @@ def main() -> None:
     raw = {f.stem: raw_quicktok(quick, sample_texts(tok, f)) for f in files}
     ref = sum(n for n, _ in raw.values()) / sum(s for _, s in raw.values())
     actor = actor_windows(tokenizer, files, args.seq_len, args.window_samples, args.profile)
-    stages = {k: v for k, v in actor.items() if k not in ("tokens", "raw_tokens", "raw_seconds")}
+    stages = {k: v for k, v in actor.items() if k not in ("tokens", "raw_tokens", "raw_seconds", "paths")}
     busy = sum(stages.values())
     rate, beside = actor["tokens"] / busy, actor["raw_tokens"] / actor["raw_seconds"]
     rows = [["raw quicktok, 1 thread, after each window, on its texts", f"{beside:,.0f}", "1.00", ""],
@@ -190,6 +190,8 @@ def main() -> None:
                      f"x raw quicktok on {k} (whole file): {n / s / own:.2f}"])
     table(f"## multilingual corpus (~{args.tokens / 1e6:.1f}M tokens), Qwen2.5, seq_len {args.seq_len}, one core",
           ["measure", "tokens/s", "x raw quicktok", "where the time goes"], rows)
+    table("## how the actor's chat samples were tokenized (each window tokenized twice: once timed alone)",
+          CHAT_PATH_HEADER, actor["paths"])
 
 
 if __name__ == "__main__":

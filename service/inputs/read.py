@@ -6,7 +6,9 @@ Stage contract (docs/design.md)::
 
 Which rows a window holds is decided by ``data/plan.py``; this module only reads them. Every
 row goes to the parser of its format (records.py), which returns a record or an
-``InvalidRecord`` that becomes a ``Skip`` naming the file, row and (JSONL) line.
+``InvalidRecord`` that becomes a ``Skip`` naming the file, row and (JSONL) line; a JSONL line of
+one of a format's common shapes is decoded straight into its record first (typed_records.py:
+the parser's record, types checked by msgspec as it decodes), the parser taking the others.
 
 Files are local paths or URIs, all read through fileio.py (its docstring gives the requests
 and bytes on an object store). Cost: the JSONL pieces of one file are read by one cursor in
@@ -44,6 +46,7 @@ from packfeed.service.inputs.records import (
     InvalidRecord,
     Skip,
 )
+from packfeed.service.inputs.typed_records import TYPED_DECODERS
 from packfeed.service.storage.store_errors import DENIED, NOT_FOUND
 
 
@@ -170,7 +173,7 @@ def read_window(spec: WindowSpec, *, strict: bool = False) -> RawWindow:
     for index, piece in enumerate(spec.pieces):
         parse = RECORD_PARSERS[piece.format]
         if piece.kind == "jsonl":
-            rows = _jsonl_rows(piece, parse, lines.pop(index))
+            rows = _jsonl_rows(piece, TYPED_DECODERS[piece.format], parse, lines.pop(index))
         elif piece.kind == "text":
             rows = _text_rows(piece)
         else:
@@ -255,12 +258,32 @@ def _jsonl_lines(spec: WindowSpec) -> dict[int, list[bytes]]:
     return out
 
 
-def _jsonl_rows(piece: Piece, parse: Callable[[Callable[[str], Any]], Any], lines: list[bytes]) -> Iterator[Row]:
+# A piece whose first TYPED_TRIAL lines the typed decode mostly refused (another shape, other
+# fields beside text that is not ASCII) reads its other lines the general way alone.
+TYPED_TRIAL = 16
+
+
+def _jsonl_rows(piece: Piece, typed: Callable[[bytes], Any], parse: Callable[[Callable[[str], Any]], Any],
+                lines: list[bytes]) -> Iterator[Row]:
+    """Each line's record: decoded into its format's shape (typed_records.py), else the general
+    way (``_parse_jsonl_line``), which gives every skip its reason and detail."""
+    refused = 0
     for k, line in enumerate(lines):
+        if k == TYPED_TRIAL and 2 * refused > TYPED_TRIAL:
+            typed = _refuse
+        record = typed(line)
+        if record is not None:
+            yield k, record, None
+            continue
+        refused += 1
         try:
             yield k, _parse_jsonl_line(line, parse, bom=k == 0 and piece.start_row == 0), None
         except InvalidRecord as bad:
             yield k, None, bad
+
+
+def _refuse(line: bytes) -> None:
+    return None
 
 
 class _JsonFields:

@@ -154,18 +154,26 @@ def rows_per_group(seq_len: int) -> int:
     return max(1, TARGET_ROW_GROUP_BYTES // (3 * 4 * seq_len))
 
 
+# The token columns' values stored BYTE_STREAM_SPLIT (Parquet 2.11: each value's bytes in four
+# streams; token ids below 2**24 leave the high byte's stream all zeros): zstd compresses them in
+# less time to about the same size (bench/bench_write.py). Readers need BYTE_STREAM_SPLIT for
+# integers: Arrow C++/pyarrow >= 16, parquet-java >= 1.14, arrow-rs >= 53.
+TOKEN_ENCODING = {f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in ("input_ids", "labels", "position_ids")}
+
+
 def open_part(uri: str, schema: pa.Schema, metadata: dict[bytes, bytes]) -> pq.ParquetWriter:
     """A Parquet writer of one part file at ``uri`` (a path or a URI): the columns ``schema``
     (``rows_to_arrow``'s, ``PART_SCHEMA``) with the output's ``metadata``."""
     fs, path = storage.resolve(uri)
     # No dictionary pages: token ids over a 100k+ vocabulary overflow the dictionary anyway;
-    # building it costs ~30% of the write's CPU for no smaller file (bench/bench_tokenize.py
-    # measures the write). Statistics (min/max per page) for row_index alone: a reader can find a
-    # row by them; the token columns' are never read (~6% of the write). The page buffers grow by
-    # reallocation: mimalloc (Arrow's default pool) copies them at every growth, the system's
-    # allocator remaps large blocks (a chat window's write 0.28-0.42 -> 0.27 s, and steady).
+    # building it costs ~30% of the write's CPU for no smaller file (bench/bench_write.py
+    # measures the write's settings). Statistics (min/max per page) for row_index alone: a
+    # reader can find a row by them; the token columns' are never read (~6% of the write). zstd
+    # at its default level (bench/bench_write.py weighs other levels and codecs). The page buffers grow by reallocation: mimalloc (Arrow's default pool)
+    # copies them at every growth, the system's allocator remaps large blocks (a chat window's
+    # write 0.28-0.42 -> 0.27 s, and steady).
     return pq.ParquetWriter(path, schema.with_metadata(metadata), filesystem=fs, compression="zstd",
-                            use_dictionary=False, write_statistics=["row_index"],
+                            use_dictionary=False, write_statistics=["row_index"], column_encoding=TOKEN_ENCODING,
                             memory_pool=pa.system_memory_pool())
 
 
