@@ -11,8 +11,8 @@ machine's load changes); per setting: the least CPU seconds of the process per m
 tokens over the repeats, the files' MiB per million real tokens, both as ratios to
 ``BEFORE``, and whether every part reads back (``rows_from_arrow(pq.read_table(...,
 schema=ROW_SCHEMA))``, as ``read_packed_dir`` reads it) to the rows written. ``now`` is
-``writer.write_part`` itself: what ``packfeed pack`` writes (``BEFORE`` with the token columns
-BYTE_STREAM_SPLIT, ``writer.TOKEN_ENCODING``).
+``writer.write_part`` itself: what ``packfeed pack`` writes (``BEFORE``'s settings: plain
+encodings every Parquet reader reads).
 """
 
 from __future__ import annotations

@@ -154,13 +154,6 @@ def rows_per_group(seq_len: int) -> int:
     return max(1, TARGET_ROW_GROUP_BYTES // (3 * 4 * seq_len))
 
 
-# The token columns' values stored BYTE_STREAM_SPLIT (Parquet 2.11: each value's bytes in four
-# streams; token ids below 2**24 leave the high byte's stream all zeros): zstd compresses them in
-# less time to about the same size (bench/bench_write.py). Readers need BYTE_STREAM_SPLIT for
-# integers: Arrow C++/pyarrow >= 16, parquet-java >= 1.14, arrow-rs >= 53.
-TOKEN_ENCODING = {f"{name}.list.element": "BYTE_STREAM_SPLIT" for name in ("input_ids", "labels", "position_ids")}
-
-
 def open_part(uri: str, schema: pa.Schema, metadata: dict[bytes, bytes]) -> pq.ParquetWriter:
     """A Parquet writer of one part file at ``uri`` (a path or a URI): the columns ``schema``
     (``rows_to_arrow``'s, ``PART_SCHEMA``) with the output's ``metadata``."""
@@ -169,11 +162,13 @@ def open_part(uri: str, schema: pa.Schema, metadata: dict[bytes, bytes]) -> pq.P
     # building it costs ~30% of the write's CPU for no smaller file (bench/bench_write.py
     # measures the write's settings). Statistics (min/max per page) for row_index alone: a
     # reader can find a row by them; the token columns' are never read (~6% of the write). zstd
-    # at its default level (bench/bench_write.py weighs other levels and codecs). The page buffers grow by reallocation: mimalloc (Arrow's default pool)
-    # copies them at every growth, the system's allocator remaps large blocks (a chat window's
-    # write 0.28-0.42 -> 0.27 s, and steady).
+    # at its default level, plain encodings: any Parquet reader reads the parts (BYTE_STREAM_SPLIT
+    # for the token columns saves some of the write's CPU but needs Parquet 2.11 readers;
+    # bench/bench_write.py weighs it with other levels and codecs). The page buffers grow by
+    # reallocation: mimalloc (Arrow's default pool) copies them at every growth, the system's
+    # allocator remaps large blocks.
     return pq.ParquetWriter(path, schema.with_metadata(metadata), filesystem=fs, compression="zstd",
-                            use_dictionary=False, write_statistics=["row_index"], column_encoding=TOKEN_ENCODING,
+                            use_dictionary=False, write_statistics=["row_index"],
                             memory_pool=pa.system_memory_pool())
 
 
