@@ -30,6 +30,12 @@ logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def stop_exception(name: str) -> BaseException:
+    """What ends a run stopped by the signal ``name``: ``KeyboardInterrupt`` for SIGINT (the CLI
+    exits 130), ``Terminated`` for any other (143)."""
+    return KeyboardInterrupt() if name == "SIGINT" else Terminated(name)
+
+
 class StopSignals:
     """Context manager: SIGTERM/SIGINT handlers of the main thread for its duration (the previous
     ones come back on exit). In another thread it installs nothing (Python allows handlers in
@@ -83,7 +89,7 @@ class StopSignals:
 
     def exception(self) -> BaseException:
         """What ends the run after the first signal: the CLI exits 143 (SIGTERM) or 130 (SIGINT)."""
-        return KeyboardInterrupt() if self.received[0] == signal.SIGINT else Terminated(self.name)
+        return stop_exception(self.name)
 
     def check(self) -> None:
         """Raise ``exception()`` when a signal has arrived (between the driver's steps)."""

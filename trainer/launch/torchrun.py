@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -58,7 +59,7 @@ from packfeed.service.face import (
 )
 from packfeed.trainer.launch.finish import RunEnd, finish_run
 from packfeed.trainer.launch.prechecks import Opened, Prechecked, check_run, open_output, training_line
-from packfeed.trainer.launch.signals import StopSignals
+from packfeed.trainer.launch.signals import StopSignals, stop_exception
 from packfeed.trainer.loop.interval import PACKED_OUTPUT, packing_figures
 from packfeed.trainer.loop.rank import train_rank
 from packfeed.trainer.model.attention import check_attention
@@ -160,7 +161,7 @@ class TorchrunRuntime:
                  rank: int, world_size: int, device: Any) -> None:
         self.source, self.output, self.resume_from, self.keep, self.stop = source, output, resume_from, keep, stop
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.stopped_at: int | None = None
+        self.stopped_by: str | None = None  # the signal the ranks stopped on (any rank's: SIGTERM first)
 
     def request_rows(self, step: int) -> None:
         """Nothing to ask: both sources read ahead by themselves."""
@@ -169,10 +170,12 @@ class TorchrunRuntime:
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.device)
+        # this rank's signal number (0: none); the highest any rank got is the group's stop, so a
+        # signal that reached one rank alone (a `kill` of one process) stops every rank
+        flag = torch.tensor([float(self.stop.received[0]) if self.stop.requested else 0.0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():
-            self.stopped_at = step
+            self.stopped_by = signal.Signals(int(flag.item())).name
             return STOP
         return self.source.get(step)
 
@@ -332,10 +335,10 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
                 packing = None if packed is None else packing_figures(packed.info.get("stats"), origin=PACKED_OUTPUT)
                 summary = finish_run(run, output, opened.tokenizer, RunEnd(
                     launcher="torchrun", started=started, packing=packing, **figures,
-                    stopped_by=stop.name if runtime.stopped_at is not None else None))
+                    stopped_by=runtime.stopped_by))
             dist.barrier()
-            if runtime.stopped_at is not None:
-                raise stop.exception()
+            if runtime.stopped_by is not None:
+                raise stop_exception(runtime.stopped_by)
             return summary
     finally:
         dist.destroy_process_group()

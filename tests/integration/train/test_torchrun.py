@@ -178,6 +178,22 @@ def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ra
     assert_same_training(ray_run, output, steps=STEPS, rel=1e-5, rows=True)
 
 
+def test_sigterm_to_one_rank_alone_stops_every_rank_at_the_same_checkpoint(config, tmp_path):
+    """A `kill` of one rank's process (not the job's group): rank 1 alone gets SIGTERM after step
+    3; the ranks agree on the stop before the next step (the highest signal any rank got), all
+    checkpoint step 3, rank 0 writes the summary marked stopped by SIGTERM and every rank exits
+    143 without a traceback (torchrun's agent then prints its own for the failed job)."""
+    output = tmp_path / "run"
+    faults = {"PACKFEED_FAULTS": "train-step:3@1:stop"}
+    code, out = Torchrun(config, output, env=faults).ended(timeout=180)
+    assert code != 0 and not any(f"[rank{r}]: Traceback" in out for r in range(2)), out[-3000:]
+    assert out.count("packfeed train: stopped by SIGTERM") == 2 and "(exitcode: 143)" in out, out[-3000:]
+    assert int(read_state(latest_checkpoint(output))["step"]) == 3
+    assert sorted(trained_rows(output)) == [(s, r) for s in range(1, 4) for r in range(2)]
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["stopped"]["signal"] == "SIGTERM" and summary["stopped"]["step"] == 3
+
+
 def test_a_rank_killed_mid_run_restarts_the_group_which_resumes_and_trains_what_ray_train_trains(config, ray_run,
                                                                                                  tmp_path):
     """torchrun ``--max-restarts 1``: rank 1 SIGKILLed after step 5 (a checkpoint every 2 steps),
