@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multilingual import reference_texts, sample_texts  # noqa: E402
 from bench_tokenize import REPO, qwen_tokenizer  # noqa: E402
 from chat_corpus import chat_tokenizer, write_chat_corpus  # noqa: E402
-from report import CHAT_PATH_HEADER, chat_path_rows, table  # noqa: E402
+from report import CHAT_PATH_HEADER, chat_path_rows, raw_quicktok, table  # noqa: E402
 
 
 class CollectorClock:
@@ -121,21 +121,6 @@ def actor_windows(tokenizer: str, files: list[Path], seq_len: int, window_sample
             "windows": plan.num_windows - 1, "rss": psutil.Process().memory_info().rss, "paths": paths}
 
 
-def raw_quicktok(quick, texts: list[str], passes: int = 3) -> tuple[int, float]:
-    """(tokens, CPU seconds) of quicktok's ``encode_batch`` on one thread, batches of 1,024
-    texts: the fastest of ``passes`` passes after a warm-up batch."""
-    quick.encode_batch(texts[:64], 1, False)
-    best = None
-    for _ in range(passes):
-        tokens, seconds = 0, 0.0
-        for i in range(0, len(texts), 1024):
-            t0 = time.process_time()
-            tokens += len(quick.encode_batch(texts[i:i + 1024], 1, False)[0])
-            seconds += time.process_time() - t0
-        best = min(best or seconds, seconds)
-    return tokens, best
-
-
 def per_format(tokenizer: str, files: list[Path], seq_len: int) -> dict[str, tuple[int, float]]:
     """Each file's samples alone through ``SampleTokenizer.tokenize`` (fast, one thread), three
     times, the best of the last two: (tokens, CPU seconds)."""
@@ -184,7 +169,7 @@ def main() -> None:
     files = list(write_chat_corpus(Path(tempfile.mkdtemp(prefix="packfeed-chat-")), args.tokens).values())
     tok = AutoTokenizer.from_pretrained(tokenizer)
     quick = load_fast(tok.backend_tokenizer, threads=1)[0].quick
-    raw = {f.stem: raw_quicktok(quick, sample_texts(tok, f)) for f in files}
+    raw = {f.stem: raw_quicktok(quick, sample_texts(tok, f), clock=time.process_time) for f in files}
     clock = CollectorClock()
     prof = cProfile.Profile() if args.profile else None
     rows, paths = [], []

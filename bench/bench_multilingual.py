@@ -36,7 +36,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_tokenize import REPO, qwen_tokenizer  # noqa: E402
 from multilingual_corpus import write_multilingual  # noqa: E402
-from report import CHAT_PATH_HEADER, chat_path_rows, table  # noqa: E402
+from report import CHAT_PATH_HEADER, chat_path_rows, raw_quicktok, table  # noqa: E402
 
 
 def sample_texts(tok, path: Path) -> list[str]:
@@ -52,21 +52,6 @@ def sample_texts(tok, path: Path) -> list[str]:
         else:
             texts.append(r["text"])
     return texts
-
-
-def raw_quicktok(quick, texts: list[str], passes: int = 3) -> tuple[int, float]:
-    """(tokens, seconds) of quicktok's ``encode_batch`` on one thread, batches of 1,024 texts:
-    the fastest of ``passes`` passes after a warm-up batch (the machine is shared)."""
-    quick.encode_batch(texts[:64], 1, False)
-    best = None
-    for _ in range(passes):
-        tokens, seconds = 0, 0.0
-        for i in range(0, len(texts), 1024):
-            t0 = time.perf_counter()
-            tokens += len(quick.encode_batch(texts[i:i + 1024], 1, False)[0])
-            seconds += time.perf_counter() - t0
-        best = min(best or seconds, seconds)
-    return tokens, best
 
 
 def reference_texts(tok, records: list) -> list[str]:
