@@ -23,6 +23,7 @@ from packfeed.service.face import (
     check_selector,
     close_match,
 )
+from packfeed.trainer.loop.evaluate import EvalConfig
 from packfeed.trainer.model.attention import ATTENTION_CHOICES
 from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.model.tiny import TINY_FAMILIES
@@ -276,8 +277,12 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig = field(default_factory=lambda: TrainConfig())
     scaling: TrainScaling = field(default_factory=lambda: TrainScaling())
+    eval: EvalConfig | None = None  # [eval]: held-out evaluation (trainer/loop/evaluate.py); None: none
 
     def __post_init__(self) -> None:
+        if self.eval is not None and self.train.objective != "sft":
+            raise ValueError("[eval] evaluates the token-mean loss of objective \"sft\"; the DPO eval (loss, reward "
+                             "margin, accuracy on held-out pairs) is not built yet: remove [eval] for a DPO run")
         if self.train.objective == "dpo":
             trains_prompts = [s.name for s in self.data.sources if self.data.source_loss(s) == "all"]
             if trains_prompts:
@@ -301,13 +306,15 @@ class RunConfig:
             out[name] = dataclasses.asdict(getattr(self, name))
         out["scaling"] = self.scaling.to_table()
         out["model"]["overrides"] = dict(self.model.overrides)
+        if self.eval is not None:
+            out["eval"] = dataclasses.asdict(self.eval)
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        unknown = sorted(set(d) - {"data", "model", "train", "scaling"})
+        unknown = sorted(set(d) - {"data", "model", "train", "scaling", "eval"})
         if unknown:
-            raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling]")
+            raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling], [eval]")
         if "model" not in d:
             raise ValueError("the config needs a [model] table with at least name = \"tiny-llama\" or a model id/path")
         return cls(
@@ -315,6 +322,7 @@ class RunConfig:
             model=_build(ModelConfig, "model", d["model"]),
             train=_build(TrainConfig, "train", d.get("train", {})),
             scaling=TrainScaling.from_table(d.get("scaling", {})),
+            eval=_build(EvalConfig, "eval", d["eval"]) if d.get("eval") is not None else None,
         )
 
 

@@ -11,7 +11,7 @@ the data itself); torchrun's rank 0 makes them while the other ranks wait, and b
 * ``check_run``: the resume against what the run trains on (a packed directory or the plan of
   its inputs; a server checks the stream state it is given itself), a finished run (nothing to
   do: its saved summary), the model and a DPO reference by name and vocabulary, the loss head's
-  family, the memory plan.
+  family, the eval set (a packed directory of the run's seq_len), the memory plan.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from packfeed.service.face import PackedDir, display, load_tokenizer_for
+from packfeed.trainer.loop.evaluate import check_eval_set
 from packfeed.trainer.loop.mixture_hook import load_hook
 from packfeed.trainer.model.builder import check_model
 from packfeed.trainer.model.memory_plan import check_memory_plan
@@ -92,6 +93,8 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
     check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
     if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
         check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
+    if run.eval is not None:
+        check_eval_set(run.eval, seq_len=run.data.seq_len)
     check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
     return checked
 

@@ -326,7 +326,7 @@ def train_torchrun(run: RunConfig, *, output: str | Path, resume: bool | str = F
                                       stop=stop, rank=rank, world_size=world, device=device)
             started = time.perf_counter()
             try:
-                train_rank(run, runtime, output=str(output), vocab_size=checked.vocab_size)
+                train_rank(run, runtime, output=str(output), vocab_size=checked.vocab_size, pad_id=checked.pad_id)
                 figures = source.figures()
             finally:
                 source.close()

@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from packfeed.service.face import is_remote, read_text, write_bytes_atomic
 
@@ -57,13 +57,23 @@ class MetricsWindow:
     pairs: int = 0
     reward_sums: dict[str, float] = field(default_factory=dict)
     grad_norms: list[float] = field(default_factory=list)
+    source_sums: list[float] = field(default_factory=list)
+    source_tokens: list[int] = field(default_factory=list)
 
     def add(self, *, loss: float, real_tokens: int, slots: int, data_wait: float, pairs: int = 0,
-            rewards: Mapping[str, float] | None = None, grad_norm: float = float("nan")) -> None:
+            rewards: Mapping[str, float] | None = None, grad_norm: float = float("nan"),
+            source_sums: Sequence[float] = (), source_tokens: Sequence[int] = ()) -> None:
         """One step's figures; ``pairs`` and ``rewards`` (chosen, rejected, margin, accuracy: the
         step's pair means) come with the DPO objective only; ``grad_norm``: the whole model's
-        gradient norm before clipping (NaN for a step that trained no token: not counted)."""
+        gradient norm before clipping (NaN for a step that trained no token: not counted);
+        ``source_sums`` / ``source_tokens``: the step's summed token losses and trained tokens
+        per source (all ranks; SFT with a source table: ``StepResult``)."""
         self.steps += 1
+        if source_tokens:
+            if not self.source_tokens:
+                self.source_sums, self.source_tokens = [0.0] * len(source_sums), [0] * len(source_tokens)
+            self.source_sums = [a + b for a, b in zip(self.source_sums, source_sums)]
+            self.source_tokens = [a + b for a, b in zip(self.source_tokens, source_tokens)]
         if math.isfinite(grad_norm):
             self.grad_norms.append(grad_norm)
         self.loss_sum += loss
@@ -75,8 +85,9 @@ class MetricsWindow:
             self.reward_sums[name] = self.reward_sums.get(name, 0.0) + value
 
     def close(self, *, step: int, lr: float, world_totals: tuple[int, int], flops_per_token: float,
-              peak_flops_total: float | None) -> dict[str, Any]:
-        """The interval's record; ``world_totals``: (real tokens, slots) summed over ranks."""
+              peak_flops_total: float | None, sources: Sequence[str] = ()) -> dict[str, Any]:
+        """The interval's record; ``world_totals``: (real tokens, slots) summed over ranks;
+        ``sources``: the names of the stream's sources (the per-source figures' order)."""
         seconds = max(time.perf_counter() - self.started, 1e-9)
         tokens, slots = world_totals
         tokens_per_s = tokens / seconds
@@ -93,10 +104,23 @@ class MetricsWindow:
             "seconds": seconds,
             "time": time.time(),
             **({"pairs": self.pairs, **dpo} if dpo else {}),
+            **(per_source(sources, self.source_sums, self.source_tokens) if self.source_tokens else {}),
         }
 
 
+def per_source(names: Sequence[str], sums: Sequence[float], tokens: Sequence[int]) -> dict[str, Any]:
+    """``source_loss`` (the token mean of every source with a trained token) and ``source_tokens``
+    (every source's trained tokens) of summed token losses and token counts per source."""
+    return {"source_loss": {name: total / count for name, total, count in zip(names, sums, tokens) if count},
+            "source_tokens": {name: int(count) for name, count in zip(names, tokens)}}
+
+
 def progress_line(record: dict[str, Any], max_steps: int) -> str:
+    """The line rank 0 prints for a record: the interval's figures, then its eval loss."""
+    evaluated = record.get("eval")
+    ev = f"  eval loss {evaluated['loss']:.4f}" if evaluated else ""
+    if "loss" not in record:  # an evaluation alone (``train_records``)
+        return f"step {record['step']:>5}/{max_steps}{ev}"
     mfu = f" mfu {record['mfu']:.1%}" if record.get("mfu") is not None else ""
     dpo = (f"  margin {record['reward_margin']:+.4f}  accuracy {record['reward_accuracy']:.0%}"
            if "reward_margin" in record else "")
@@ -104,7 +128,7 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
     peak = f"  peak {max(r['peak_bytes'] for r in ranks) / 2**30:.2f} GiB" if ranks else ""
     norm = f"  grad norm {record['grad_norm']:.3g}" if record.get("grad_norm") is not None else ""
     return (
-        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}  lr {record['lr']:.2e}{norm}  "
+        f"step {record['step']:>5}/{max_steps}  loss {record['loss']:.4f}{dpo}{ev}  lr {record['lr']:.2e}{norm}  "
         f"{record['tokens_per_s']:,.0f} tok/s  fill {record['fill']:.1%}  "
         f"data wait {record['data_wait']:.0%}{mfu}{peak}"
     )
@@ -140,10 +164,31 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return [] if text is None else [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def train_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of training intervals: not those of an evaluation alone (a step evaluated
+    right after its interval closed, when the stream ended: they hold ``step``, ``time``, ``eval``)."""
+    return [r for r in records if "loss" in r]
+
+
+def eval_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's ``eval``: the last evaluation's loss and step, and the best one's (the
+    lowest loss); {} for a run without ``[eval]``."""
+    evaluated = [(r["step"], r["eval"]) for r in records if r.get("eval") and math.isfinite(r["eval"]["loss"])]
+    if not evaluated:
+        return {}
+    best = min(evaluated, key=lambda e: e[1]["loss"])
+    return {"eval": {"last_step": evaluated[-1][0], "last_loss": evaluated[-1][1]["loss"],
+                     "best_step": best[0], "best_loss": best[1]["loss"],
+                     "last_source_loss": evaluated[-1][1].get("source_loss", {})}}
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """First/last loss, mean throughput and fill over the run's metric records."""
+    """First/last loss, mean throughput and fill over the run's metric records; the eval
+    losses (``eval_summary``)."""
+    evaluated = eval_summary(records)
+    records = train_records(records)
     if not records:
-        return {"steps": 0}
+        return {"steps": 0, **evaluated}
     seconds = sum(r["seconds"] for r in records)
     tokens = sum(r["tokens_per_s"] * r["seconds"] for r in records)
     return {
@@ -156,6 +201,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "train_seconds": seconds,
         **{f"last_{key}": records[-1][key] for key in ("reward_margin", "reward_accuracy") if key in records[-1]},
         **({"memory": records[-1]["memory"]} if "memory" in records[-1] else {}),
+        **evaluated,
     }
 
 
@@ -193,6 +239,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("loss first -> last", f"{summary.get('first_loss', float('nan')):.4f} -> {summary.get('last_loss', float('nan')):.4f}"),
         *([("DPO reward (last)", f"margin {summary['last_reward_margin']:+.4f}, accuracy "
                                  f"{summary['last_reward_accuracy']:.0%}")] if "last_reward_margin" in summary else []),
+        *_eval_lines(summary.get("eval")),
         ("real tokens/s", f"{summary.get('tokens_per_s', 0):,.0f}"),
         ("row fill (trained rows)", f"{summary.get('mean_fill', 0):.1%}"),
         ("data wait", f"{summary.get('mean_data_wait', 0):.1%}"),
@@ -202,6 +249,14 @@ def format_summary(summary: dict[str, Any]) -> str:
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in lines)
+
+
+def _eval_lines(evaluated: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The eval line of the summary: the last eval loss and the best one, with their steps."""
+    if not evaluated:
+        return []
+    return [("eval loss last (best)", f"{evaluated['last_loss']:.4f} at step {evaluated['last_step']} "
+                                      f"({evaluated['best_loss']:.4f} at step {evaluated['best_step']})")]
 
 
 def _outcome(summary: dict[str, Any]) -> tuple[str, str]:
@@ -220,7 +275,13 @@ def plot_loss(records: list[dict[str, Any]], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], marker="o", markersize=3)
+    trained = train_records(records)
+    ax.plot([r["step"] for r in trained], [r["loss"] for r in trained], marker="o", markersize=3, label="train")
+    evaluated = [r for r in records if r.get("eval")]
+    if evaluated:
+        ax.plot([r["step"] for r in evaluated], [r["eval"]["loss"] for r in evaluated], marker="s", markersize=3,
+                label="eval")
+        ax.legend()
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (token mean)")
     ax.set_title("packfeed train")

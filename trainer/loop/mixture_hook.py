@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from packfeed.client.sources import source_index
@@ -35,7 +35,9 @@ class MixtureStep:
     segment is), ``inputs``: their model inputs (``to_model_inputs``), ``model``: the model being
     trained (not DDP-wrapped: a forward under ``torch.no_grad()`` costs no gradient sync),
     ``sources``: the source names in config order, ``first_ids``: the stream's source table
-    (each source's first global sample id: ``source_of``, packfeed.client.sources)."""
+    (each source's first global sample id: ``source_of``, packfeed.client.sources),
+    ``source_loss``: the step's token-mean loss of every source it trained a token of, over every
+    rank (objective "sft"): an adaptive mixture needs no collective of its own."""
 
     step: int
     rank: int
@@ -46,6 +48,7 @@ class MixtureStep:
     model: Any
     sources: tuple[str, ...]
     first_ids: tuple[int, ...]
+    source_loss: Mapping[str, float] = field(default_factory=dict)
 
     def source_of(self, sample_ids: Any) -> Any:
         """Source index of each global sample id (-1 for padding's -1), as numpy int64."""

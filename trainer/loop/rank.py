@@ -38,7 +38,15 @@ from packfeed.trainer.state.checkpoint import full_state_dict, load_checkpoint, 
 from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
 from packfeed.trainer.loop.mixture_hook import MixtureStep, call_hook, load_hook
-from packfeed.trainer.loop.interval import MetricsWindow, append_jsonl, keep_records_until, peak_flops, progress_line
+from packfeed.trainer.loop.evaluate import evaluate, load_eval_set
+from packfeed.trainer.loop.interval import (
+    MetricsWindow,
+    append_jsonl,
+    keep_records_until,
+    peak_flops,
+    per_source,
+    progress_line,
+)
 from packfeed.trainer.model.builder import build_model, flops_per_token, load_shards_from_rank0
 from packfeed.trainer.loop.optim import build_optimizer
 from packfeed.trainer.model.parallelize import (
@@ -52,7 +60,7 @@ from packfeed.trainer.model.parallelize import (
 from packfeed.trainer.state.run_dir import RunDir, save_final_model
 from packfeed.trainer.launch.ray_runtime import RayRuntime, Runtime
 from packfeed.trainer.state.train_state import TrainState
-from packfeed.trainer.objective.step import accumulate_gradients, train_step
+from packfeed.trainer.objective.step import accumulate_gradients, source_tokens, train_step
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +75,7 @@ def train_loop_per_worker(config: dict) -> None:
     runtime = RayRuntime(config["feeder"], resume_from=config.get("resume_from"))
     _quiet_ray_train_logs()
     run = RunConfig.from_dict(config["run"])
-    train_rank(run, runtime, output=config["output"], vocab_size=config["vocab_size"])
+    train_rank(run, runtime, output=config["output"], vocab_size=config["vocab_size"], pad_id=config["pad_id"])
 
 
 @dataclasses.dataclass
@@ -85,9 +93,10 @@ class _Trainee:
     autocast: Any
 
 
-def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int) -> None:
+def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int, pad_id: int) -> None:
     """The training loop of one rank (see the module docstring), under any launcher:
-    ``runtime`` (trainer/launch/ray_runtime.py) gives its rank, device, rows, checkpoints."""
+    ``runtime`` (trainer/launch/ray_runtime.py) gives its rank, device, rows, checkpoints;
+    ``pad_id`` fills the padding rows of the eval set's last step."""
     import torch
 
     rank, device = runtime.rank, runtime.device
@@ -98,7 +107,7 @@ def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int
     trainee, start = _set_up(run, runtime, vocab_size=vocab_size)
     if rank == 0:
         keep_records_until(RunDir(output).metrics, start)
-    step, stopped = _train_steps(run, runtime, trainee, start=start, output=output)
+    step, stopped = _train_steps(run, runtime, trainee, start=start, output=output, pad_id=pad_id)
     if not stopped:
         whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
         if rank == 0:
@@ -127,14 +136,17 @@ def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trai
     return _Trainee(model, trained, optimizer, scheduler, to_inputs, accumulate, autocast), step
 
 
-def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: int, output: str) -> tuple[int, bool]:
+def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: int, output: str,
+                 pad_id: int) -> tuple[int, bool]:
     """Train from step ``start`` to the last step, the stream's end or the stop: (the steps
     completed, whether the run was stopped). Checkpoints where the loop ended when that step has
     none yet."""
     train, rank = run.train, runtime.rank
     log = _interval_logger(run, runtime, trainee, output=output)
     hook = load_hook(train.mixture_hook)
-    sources = runtime.sources() if hook is not None else []
+    sources = runtime.sources()
+    table = _source_table(runtime, sources)
+    evaluate_at = _evaluator(run, runtime, trainee, pad_id=pad_id)
     step, last, reported, stopped = start, train.last_step, -1, False
     if step < last:
         runtime.request_rows(step)
@@ -145,33 +157,35 @@ def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: 
         wait = time.perf_counter() - wait_start
         if rows is None or rows == STOP:
             # The stream ended, or the run stops: every rank sees it at the same step.
-            if window.steps:
-                log(window, step=step, lr=lr)
             stopped = rows == STOP
+            evaluated = evaluate_at(step, ended=True) if not stopped and step > start else None
+            if window.steps or evaluated:
+                log(window, step=step, lr=lr, evaluated=evaluated)
             if rank == 0 and not stopped:
                 logger.warning("stopped_early: data exhausted at step %d of %d", step, last)
             break
         if step + 1 < last:
             runtime.request_rows(step + 1)
-        micro = [trainee.to_inputs(r, device=runtime.device) for r in rows]
         lr = float(trainee.optimizer.param_groups[0]["lr"])
-        result = train_step(trainee.trained, trainee.optimizer, trainee.scheduler, micro, grad_clip=train.grad_clip,
-                             autocast_dtype=trainee.autocast, accumulate=trainee.accumulate)
+        result, micro = _step(run, runtime, trainee, rows, table)
         step += 1
+        if train.objective == "dpo":
+            check_pairs_trained(result, rows, step)
         if hook is not None:  # every rank: the step's change is made once
             call_hook(hook, runtime, MixtureStep(
                 step=step, rank=rank, world_size=runtime.world_size, loss=result.loss, rows=rows, inputs=micro,
                 model=trainee.model, sources=tuple(name for name, _ in sources),
-                first_ids=tuple(first for _, first in sources)))
-        if train.objective == "dpo":
-            check_pairs_trained(result, rows, step)
+                first_ids=tuple(first for _, first in sources),
+                source_loss=per_source([n for n, _ in table], result.source_sums, result.source_tokens)["source_loss"]))
         window.add(loss=result.loss, real_tokens=sum(r.num_real_tokens for r in rows),
                    slots=sum(r.num_rows for r in rows) * run.data.seq_len, data_wait=wait, pairs=result.pairs,
-                   rewards=result.rewards, grad_norm=result.grad_norm)
+                   rewards=result.rewards, grad_norm=result.grad_norm, source_sums=result.source_sums,
+                   source_tokens=result.source_tokens)
         if train.record_rows:
             _record_rows(output, rank=rank, step=step, loss=result.loss, rows=rows)
-        if step % train.log_every == 0 or step == last:
-            log(window, step=step, lr=lr)
+        evaluated = evaluate_at(step)
+        if step % train.log_every == 0 or step == last or evaluated:
+            log(window, step=step, lr=lr, evaluated=evaluated)
             window = MetricsWindow()
         if step == last or (train.checkpoint_every and step % train.checkpoint_every == 0):
             _checkpoint(trainee, runtime, step=step, run=run, loss=result.loss)
@@ -181,6 +195,57 @@ def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: 
         # The stream ended or the run was stopped before the last step: checkpoint where it stopped.
         _checkpoint(trainee, runtime, step=step, run=run, loss=float("nan"))
     return step, stopped
+
+
+def _step(run: RunConfig, runtime: Runtime, trainee: _Trainee, rows: list, sources: list[tuple[str, int]]) -> tuple:
+    """One optimizer step on this rank's ``rows``: (its ``StepResult``, the micro-batches' model
+    inputs). Under objective "sft" with a source table (``sources``), the result holds the
+    step's loss per source: every token attributed to the source of its sample."""
+    import torch
+
+    train = run.train
+    micro = [trainee.to_inputs(r, device=runtime.device) for r in rows]
+    accumulate = trainee.accumulate
+    if sources and train.objective == "sft":
+        first_ids = [first for _, first in sources]
+        accumulate = functools.partial(accumulate, num_sources=len(sources), token_sources=[
+            torch.from_numpy(source_tokens(r, first_ids)) for r in rows])
+    result = train_step(trainee.trained, trainee.optimizer, trainee.scheduler, micro, grad_clip=train.grad_clip,
+                        autocast_dtype=trainee.autocast, accumulate=accumulate)
+    return result, micro
+
+
+def _source_table(runtime: Runtime, sources: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The stream's ``sources`` (name, first global sample id), or [] when their first ids are
+    not a source table (a packed directory from before source tables: every first id 0); the
+    loss is then not split by source."""
+    firsts = [first for _, first in sources]
+    if sources and (firsts[0] != 0 or any(b <= a for a, b in zip(firsts, firsts[1:]))):
+        if runtime.rank == 0:
+            logger.warning("the stream reports no source table (first sample ids %s): no loss per source", firsts)
+        return []
+    return sources
+
+
+def _evaluator(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, pad_id: int) -> Callable[..., dict | None]:
+    """``evaluate_at(step, ended=False)``: the eval record of the model after ``step`` when
+    ``[eval]`` says to evaluate there (or ``ended``: the stream ended, the model is final), else
+    None; every rank calls it after every step (a collective when it evaluates). The eval rows
+    are read once, here."""
+    if run.eval is None:
+        return lambda step, ended=False: None
+    eval_set = load_eval_set(run.eval, seq_len=run.data.seq_len, rank=runtime.rank, world_size=runtime.world_size,
+                             micro_rows=run.train.micro_batch_rows, pad_id=pad_id, capacity=run.feeder_buffer_rows)
+    done: set[int] = set()
+
+    def evaluate_at(step: int, ended: bool = False) -> dict | None:
+        if step in done or not (ended or run.eval.due(step, run.train.last_step)):
+            return None
+        done.add(step)
+        return evaluate(trainee.model, eval_set, device=runtime.device, chunk_tokens=run.train.loss_chunk_tokens,
+                        autocast_dtype=trainee.autocast)
+
+    return evaluate_at
 
 
 def _record_rows(output: str, *, rank: int, step: int, loss: float, rows: list) -> None:
@@ -201,11 +266,13 @@ def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, out
     device = runtime.device
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     flops = flops_per_token(trainee.model, run.data.seq_len)
+    sources = [name for name, _ in runtime.sources()]
 
-    def log(window: MetricsWindow, *, step: int, lr: float) -> None:
+    def log(window: MetricsWindow, *, step: int, lr: float, evaluated: dict | None = None) -> None:
         _log(window, step=step, lr=lr, rank=runtime.rank, output=output, max_steps=run.train.max_steps,
              device=device, flops_per_token=flops, peak_total=peak * runtime.world_size if peak else None,
-             memory=memory_figures(trainee.model, trainee.optimizer, device))
+             memory=memory_figures(trainee.model, trainee.optimizer, device), sources=sources,
+             evaluated=evaluated)
 
     return log
 
@@ -252,9 +319,12 @@ def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) ->
 
 
 def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str, max_steps: int, device: Any,
-         flops_per_token: float, peak_total: float | None, memory: dict[str, int]) -> None:
+         flops_per_token: float, peak_total: float | None, memory: dict[str, int], sources: list[str],
+         evaluated: dict | None) -> None:
     """Close a metrics interval on every rank (one all_reduce, one all_gather of this rank's
-    ``memory`` figures); rank 0 writes and prints it."""
+    ``memory`` figures); rank 0 writes and prints it, with the eval record of the step when it
+    was evaluated (``evaluated``). A step evaluated after an interval just closed (the stream
+    ended right after a record) gets a record of its evaluation alone."""
     import torch
     import torch.distributed as dist
 
@@ -266,8 +336,12 @@ def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str,
         ranks = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(ranks, mine)
     record = window.close(step=step, lr=lr, world_totals=(int(totals[0]), int(totals[1])),
-                          flops_per_token=flops_per_token, peak_flops_total=peak_total)
+                          flops_per_token=flops_per_token, peak_flops_total=peak_total, sources=sources)
     record["memory"] = {"ranks": [dict(zip(MEMORY_KEYS, (int(x) for x in r.tolist()))) for r in ranks]}
+    if not window.steps:
+        record = {"step": step, "time": record["time"]}
+    if evaluated is not None:
+        record["eval"] = evaluated
     if rank == 0:
         append_jsonl(RunDir(output).metrics, record)
         logger.info(progress_line(record, max_steps))

@@ -30,9 +30,12 @@ import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from packfeed.client.model_inputs import num_trained_tokens
 from packfeed.client.rows import IGNORE_INDEX
-from packfeed.trainer.objective.loss_head import trained_token_logps
+from packfeed.client.sources import source_index
+from packfeed.trainer.objective.loss_head import NON_MODEL_KEYS, trained_token_logps
 
 
 @dataclass(frozen=True)
@@ -43,53 +46,98 @@ class StepResult:
     lr: float = float("nan")
     pairs: int = 0  # preference pairs of the step, all ranks (DPO only)
     rewards: Mapping[str, float] = field(default_factory=dict)  # DPO: chosen, rejected, margin, accuracy
+    # SFT with a source table: per source (index into the stream's sources), the summed token
+    # losses and the trained tokens of the step, all ranks (``source_loss``: their ratio)
+    source_sums: tuple[float, ...] = ()
+    source_tokens: tuple[int, ...] = ()
 
 
-def token_loss_sum(model: Any, inputs: dict, *, chunk_tokens: int = 0) -> Any:
-    """Sum of the causal-LM token losses of one micro-batch (fp32 scalar tensor).
+def token_losses(model: Any, inputs: dict, *, chunk_tokens: int = 0) -> tuple[Any, Any]:
+    """(losses, slots) of one micro-batch: the causal-LM loss of every trained target (fp32
+    [N]) and the slot predicting it (int64 [N], ``r * L + t`` for ``labels[r, t + 1]``),
+    row-major, as ``trained_token_logps`` gives them.
 
     Token t predicts ``labels[t + 1]`` inside each row (Hugging Face's shift); positions whose
-    label is IGNORE_INDEX (prompts, padding, first token of every sample) add nothing.
+    label is IGNORE_INDEX (prompts, padding, first token of every sample) are not trained.
     ``chunk_tokens`` 0: from the model's full logits (a B x L x V float32 copy and its
-    gradient); > 0: through the chunked loss head (``trained_token_logps``), at most
-    ``chunk_tokens`` positions' logits alive at a time.
+    gradient); > 0: through the chunked loss head, at most ``chunk_tokens`` positions' logits
+    alive at a time.
     """
+    import torch
     import torch.nn.functional as F
 
     if chunk_tokens:
-        logps, _ = trained_token_logps(model, inputs, chunk_tokens=chunk_tokens)
-        return -logps.sum()
+        logps, slots = trained_token_logps(model, inputs, chunk_tokens=chunk_tokens)
+        return -logps, slots
     labels = inputs["labels"]
-    kwargs = {key: value for key, value in inputs.items() if key != "labels"}
-    logits = model(**kwargs).logits
-    vocab = logits.shape[-1]
-    return F.cross_entropy(
-        logits[:, :-1].float().reshape(-1, vocab),
-        labels[:, 1:].reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
+    logits = model(**{key: value for key, value in inputs.items() if key not in NON_MODEL_KEYS}).logits
+    row, t = torch.nonzero(labels[:, 1:] != IGNORE_INDEX, as_tuple=True)
+    losses = F.cross_entropy(logits[row, t].float(), labels[row, t + 1].long(), reduction="none")
+    return losses, row * labels.shape[1] + t
+
+
+def token_loss_sum(model: Any, inputs: dict, *, chunk_tokens: int = 0) -> Any:
+    """Sum of the causal-LM token losses of one micro-batch (fp32 scalar tensor, ``token_losses``)."""
+    return token_losses(model, inputs, chunk_tokens=chunk_tokens)[0].sum()
+
+
+def loss_figures(model: Any, inputs: dict, *, chunk_tokens: int = 0, token_sources: Any = None,
+                 num_sources: int = 0) -> tuple[Any, Any]:
+    """(the micro-batch's loss sum, its figures: [loss sum, trained tokens, then with
+    ``token_sources`` (int64 [B, L], the source of every token, -1 for padding; ``num_sources``
+    S) the summed losses of each source (S), then its trained tokens (S)]). The figures are
+    detached float64; summed over micro-batches and ranks they give the step's (or the eval
+    set's) token mean per source."""
+    import torch
+
+    losses, slots = token_losses(model, inputs, chunk_tokens=chunk_tokens)
+    loss_sum = losses.sum()
+    figures = [losses.detach().double().sum().reshape(1),  # in float64, as the per-source sums
+               torch.tensor([float(len(slots))], dtype=torch.float64, device=losses.device)]
+    if token_sources is not None:
+        sources = token_sources.to(losses.device).reshape(-1)[slots + 1]  # the target token's source
+        keep = sources >= 0
+        figures.append(torch.zeros(num_sources, dtype=torch.float64, device=losses.device)
+                       .index_add_(0, sources[keep], losses.detach().double()[keep]))
+        figures.append(torch.bincount(sources[keep], minlength=num_sources).double())
+    return loss_sum, torch.cat(figures)
 
 
 def accumulate_gradients(
-    model: Any, micro_batches: Sequence[dict], *, autocast_dtype: Any = None, chunk_tokens: int = 0
+    model: Any, micro_batches: Sequence[dict], *, autocast_dtype: Any = None, chunk_tokens: int = 0,
+    token_sources: Sequence[Any] | None = None, num_sources: int = 0,
 ) -> StepResult:
     """Forward and backward every micro-batch of one step; leaves the step's gradients in .grad.
 
     ``micro_batches``: this rank's model inputs (from ``to_model_inputs``), all already on the
     model's device. Every rank must call this with the same number of micro-batches (DDP
     synchronises on the last backward). ``autocast_dtype``: e.g. torch.bfloat16 on GPU, None
-    for fp32. ``chunk_tokens``: the loss head's chunk (``token_loss_sum``; 0: full logits).
-    Cost: one all_reduce of 1 scalar before and 1 after, plus DDP's gradient sync.
+    for fp32. ``chunk_tokens``: the loss head's chunk (``token_losses``; 0: full logits).
+    ``token_sources``: one int64 [B, L] per micro-batch, the source of every token (-1: padding;
+    ``source_tokens``), of ``num_sources`` sources: the result then has the step's loss per source.
+    Cost: one all_reduce of 1 scalar before and one of 2 + 2S figures after, plus DDP's gradient sync.
     """
+    sources = iter(token_sources or ())
+
     def micro_loss(inputs: dict) -> tuple[Any, Any]:
-        loss_sum = token_loss_sum(model, inputs, chunk_tokens=chunk_tokens)
-        return loss_sum, loss_sum.detach().reshape(1)
+        return loss_figures(model, inputs, chunk_tokens=chunk_tokens, token_sources=next(sources, None),
+                            num_sources=num_sources)
 
     local = sum(num_trained_tokens(mb) for mb in micro_batches)
     step_tokens, totals = backward_micro_batches(model, micro_batches, local_count=local, micro_loss=micro_loss,
                                                  autocast_dtype=autocast_dtype)
-    return StepResult(loss=float(totals[0]) / max(step_tokens, 1), trained_tokens=step_tokens)
+    by_source = totals[2:] if token_sources else []
+    return StepResult(loss=float(totals[0]) / max(step_tokens, 1), trained_tokens=step_tokens,
+                      source_sums=tuple(by_source[:num_sources]),
+                      source_tokens=tuple(int(n) for n in by_source[num_sources:]))
+
+
+def source_tokens(rows: Any, first_ids: Sequence[int] | Any) -> Any:
+    """The source of every token of ``rows`` (``PackedRows``; int64 numpy [B, L], -1 for
+    padding): each segment's source (``source_index`` of its sample id in the stream's source
+    table ``first_ids``) repeated over its tokens. A row's segments cover it whole, padding included."""
+    per_segment = source_index(rows.sample_ids, first_ids)
+    return np.repeat(per_segment, rows.seq_lens).reshape(rows.num_rows, rows.seq_len)
 
 
 def backward_micro_batches(model: Any, micro_batches: Sequence[dict], *, local_count: int,

@@ -8,7 +8,8 @@ config and packed directory. Checked:
 * from the packed directory and from `packfeed serve` of it, the torchrun run trains the Ray
   run's rows and losses, step by step (1e-5 relative), and its final weights; no Ray process
   is started by the torchrun job; both train the directory's rows as they are (rank k of step
-  s gets the step's rows k mod 2);
+  s gets the step's rows k mod 2); both evaluate (``[eval]``: the directory's first 5 rows,
+  every 4 steps) to the same eval losses, per source too;
 * SIGTERM to the job's process group (what `scancel` and Kubernetes do): every rank stops after
   the same step with a checkpoint, the job exits, none of its processes is left a minute
   later; `--resume` under torchrun reaches the end with the uninterrupted run's losses;
@@ -38,6 +39,7 @@ from packfeed.trainer.state.checkpoint import latest_checkpoint, read_state
 pytestmark = pytest.mark.integration
 
 STEPS = 8
+EVAL_ROWS = 5  # not a multiple of an eval step's 4 rows: a row past it, and padding rows
 TORCHRUN = str(REPO / ".venv" / "bin" / "torchrun")
 
 
@@ -53,15 +55,18 @@ def packed(tmp_path_factory) -> Path:
     return out
 
 
-def write_config(root: Path, inputs: list[str]) -> Path:
+def write_config(root: Path, inputs: list[str], eval_rows: str | None = None) -> Path:
+    """The run's config; ``eval_rows``: a packed directory evaluated every 4 steps on its first
+    ``EVAL_ROWS`` rows (both launchers must log the same eval losses)."""
     path = root / "run.toml"
-    path.write_text(run_config_text(inputs, steps=STEPS, window_samples=None, packing=False))
+    evaluated = f"\n[eval]\npacked = {json.dumps(eval_rows)}\nevery_steps = 4\nmax_rows = {EVAL_ROWS}\n" if eval_rows else ""
+    path.write_text(run_config_text(inputs, steps=STEPS, window_samples=None, packing=False) + evaluated)
     return path
 
 
 @pytest.fixture(scope="module")
 def config(packed, tmp_path_factory) -> Path:
-    return write_config(tmp_path_factory.mktemp("torchrun-config"), [str(packed)])
+    return write_config(tmp_path_factory.mktemp("torchrun-config"), [str(packed)], eval_rows=str(packed))
 
 
 class Torchrun:
@@ -138,6 +143,13 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
     assert [r["grad_norm"] for r in read_jsonl(output / "metrics.jsonl")] == pytest.approx(
         [r["grad_norm"] for r in read_jsonl(ray_run / "metrics.jsonl")], rel=1e-4)
     assert summary["stream_rows"] == ray_summary["stream_rows"] and summary["final_step"] == STEPS
+    # [eval]: the same eval losses, per source too, at steps 4 and 8 (eval rows read by every rank itself)
+    evaluated = [{r["step"]: r["eval"] for r in read_jsonl(d / "metrics.jsonl") if "eval" in r} for d in (ray_run, output)]
+    assert sorted(evaluated[0]) == sorted(evaluated[1]) == [4, 8]
+    for step, ray_eval in evaluated[0].items():
+        assert evaluated[1][step]["tokens"] == ray_eval["tokens"] > 0
+        assert evaluated[1][step]["loss"] == pytest.approx(ray_eval["loss"], rel=1e-5)
+        assert evaluated[1][step]["source_loss"] == pytest.approx(ray_eval["source_loss"], rel=1e-5)
     assert summary_labels(out) == summary_labels(ray_run.with_suffix(".log").read_text())
     training = re.compile(r"^training \S+ on .+, 4 rows of 256 per step, steps 0->8 -> ", re.M)
     assert training.search(out) and training.search(ray_run.with_suffix(".log").read_text())
