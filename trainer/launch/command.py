@@ -88,11 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--overwrite", action="store_true", help="discard a previous run in --output")
 
 
+SERVER_INPUT = "packfeed-serve://{}"  # the input a run from --server records when [data] names none
+
+
 def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
     """RunConfig from the config file (``base``, read from --config when None) overridden by
     the flags given."""
     base = load_config_file(args.config) if base is None else base
-    data = data_config_from_args(args, base)
+    data = data_config_from_args(args, _server_inputs(args, base))
     model = dict(base.get("model", {}))
     if args.model:
         if args.model != model.get("name"):
@@ -119,6 +122,16 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
         scaling["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
     optional = {table: base[table] for table in ("eval",) if table in base}  # tables without flags
     return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling, **optional})
+
+
+def _server_inputs(args: argparse.Namespace, base: dict) -> dict:
+    """``base`` with, for rows from ``--server`` and a ``[data]`` that names no inputs (the
+    server has them), the server as the run's one input (``SERVER_INPUT``): the config then
+    records where the rows came from, and needs only the tokenizer and seq_len."""
+    data = base.get("data", {})
+    if getattr(args, "server", None) is None or args.inputs or "inputs" in data or "sources" in data:
+        return base
+    return {**base, "data": {**data, "inputs": [SERVER_INPUT.format(args.server)]}}
 
 
 def run(args: argparse.Namespace) -> int:

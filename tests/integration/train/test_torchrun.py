@@ -5,7 +5,8 @@ no Ray), then `torchrun --standalone --nproc-per-node 2 --no-python packfeed tra
 --launcher torchrun` (2 CPU ranks, gloo) against `packfeed train` under Ray Train on the same
 config and packed directory. Checked:
 
-* from the packed directory and from `packfeed serve` of it, the torchrun run trains the Ray
+* from the packed directory and from `packfeed serve` of it (a config that names no inputs:
+  the server has them), the torchrun run trains the Ray
   run's rows and losses, step by step (1e-5 relative), and its final weights; no Ray process
   is started by the torchrun job; both train the directory's rows as they are (rank k of step
   s gets the step's rows k mod 2); both evaluate (``[eval]``: the directory's first 5 rows,
@@ -162,11 +163,18 @@ def test_torchrun_from_a_packed_directory_trains_what_ray_train_trains(config, p
 
 
 def test_torchrun_from_a_server_trains_what_ray_train_trains(config, packed, ray_run, tmp_path):
+    # [data] names no inputs: the rows come from the server (only the tokenizer and seq_len are needed)
+    text = config.read_text()
+    no_inputs = tmp_path / "run.toml"
+    no_inputs.write_text("\n".join(line for line in text.splitlines() if not line.startswith("inputs = ")))
+    assert "inputs" not in no_inputs.read_text()
     with ServerProcess([str(packed)], log=tmp_path / "serve.log", state_dir=tmp_path / "state") as server:
         output = tmp_path / "run"
-        code, out = Torchrun(config, output, "--server", server.target).ended()
+        code, out = Torchrun(no_inputs, output, "--server", server.target).ended()
         assert code == 0, out[-3000:]
     assert_same_training(ray_run, output, steps=STEPS, rel=1e-5, rows=True)
+    sources = read_state(latest_checkpoint(output))["config"]["data"]["sources"]
+    assert [s["paths"] for s in sources] == [[f"packfeed-serve://{server.target}"]], "where the rows came from"
 
 
 def test_sigterm_stops_every_rank_at_a_checkpoint_and_resume_finishes(config, ray_run, tmp_path):
