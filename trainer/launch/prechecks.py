@@ -90,6 +90,9 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
         print(f"resuming from {display(str(opened.resume_from))} at step {state.step}, stream cursor "
               f"{state.cursor}", flush=True)
     model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)
+    longer = context_warning(model_config, seq_len=run.data.seq_len, name=run.model.name)
+    if longer:
+        logger.warning(longer)
     check_loss_head(model_config, chunk_tokens=run.train.loss_chunk_tokens)
     if run.train.objective == "dpo" and run.train.dpo_reference != INITIAL_REFERENCE:
         check_model(ModelConfig(name=run.train.dpo_reference, attn=run.model.attn), vocab_size=tokenizer.vocab_size)
@@ -97,6 +100,21 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
         check_eval_set(run.eval, seq_len=run.data.seq_len)
     check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
     return checked
+
+
+def context_warning(model_config: Any, *, seq_len: int, name: str) -> str | None:
+    """One line when rows are longer than the model's context (``max_position_embeddings``):
+    the positions past it were never trained, and a RoPE model without scaling degrades there.
+    A warning, not an error: a config with RoPE scaling (``rope_scaling``) may mean to extend it."""
+    context = getattr(model_config, "max_position_embeddings", None)
+    if not isinstance(context, int) or seq_len <= context:
+        return None
+    scaling = getattr(model_config, "rope_scaling", None) or {}
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    extended = f" (rope_scaling {kind!r} is set)" if kind not in (None, "default") else ""
+    return (f"seq_len {seq_len:,} is longer than {name}'s context, max_position_embeddings {context:,}{extended}: "
+            f"positions past {context:,} were never trained; pack at seq_len <= {context:,} or extend the context "
+            "on purpose")
 
 
 def training_line(run: RunConfig, *, on: str, start_step: int, output: str | Path) -> str:

@@ -105,6 +105,9 @@ def check_model(config: ModelConfig, *, vocab_size: int) -> Any:
     if looks_local(name) and not os.path.isdir(name):
         what = "is a file" if os.path.exists(name) else "does not exist"
         raise ValueError(f"model {name!r} {what}{tiny_suggestion(name)}: give {choices}")
+    if os.path.isdir(name) and not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(f"model {name!r} is a directory without config.json (not a save_pretrained directory): "
+                         f"give {choices}")
     unreachable = hub_unreachable(name)
     try:
         model_config = AutoConfig.from_pretrained(name, **({"local_files_only": True} if unreachable else {}))
