@@ -304,7 +304,7 @@ class WandbTracker:
             id=saved["id"] if self.resumed else None, resume="allow" if self.resumed else None, mode=mode,
             reinit="create_new", settings=wandb.Settings(console="off"))
         self.ids = {"id": self._run.id}
-        self.where = f"{mode} run {self._run.id} in {self._run.dir}"
+        self.where = f"{mode} run {self._run.id} in {os.path.dirname(self._run.dir)}"  # dir: its files/
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self._run.log(dict(values), step=step)
