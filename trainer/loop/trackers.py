@@ -126,11 +126,15 @@ class Trackers:
         self._adapters = list(adapters or [])
 
     def log(self, record: Mapping[str, Any]) -> None:
-        """One metrics record (metrics.jsonl's), at its step."""
+        """One metrics record (metrics.jsonl's), at its step. A tracker that fails to take it
+        (its server away) is a warning, not the end of the training: metrics.jsonl has it."""
         if self._adapters:
-            values = metric_values(record)
+            values, step = metric_values(record), int(record["step"])
             for adapter in self._adapters:
-                adapter.log(int(record["step"]), values)
+                try:
+                    adapter.log(step, values)
+                except Exception as error:
+                    logger.warning("%s: the record of step %d was not logged: %s", adapter.NAME, step, error)
 
     def log_config(self, run: Mapping[str, Any]) -> None:
         """The run's config (``RunConfig.to_dict()``), into each tracker run that started now."""
@@ -170,7 +174,7 @@ def open_trackers(names: tuple[str, ...], *, output: str | Path, start: int, con
     ids_path = RunDir(output).trackers
     text = read_text(os.fspath(ids_path))
     ids = json.loads(text) if text else {}
-    opened = {"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker, "wandb": WandbTracker}
+    opened = {cls.NAME: cls for cls in (TensorBoardTracker, MlflowTracker, WandbTracker)}
     adapters = [opened[name](output=output, start=start, saved=ids.get(name), environ=environ) for name in names]
     ids.update({name: adapter.ids for name, adapter in zip(names, adapters)})
     write_bytes_atomic(os.fspath(ids_path), json.dumps(ids, indent=1).encode())
@@ -202,6 +206,8 @@ class TensorBoardTracker:
     """Event files under ``<output>/tensorboard/`` (``torch.utils.tensorboard.SummaryWriter``);
     a resumed run appends a new event file that purges the steps after ``start``."""
 
+    NAME = "tensorboard"
+
     def __init__(self, *, output: str | Path, start: int, saved: Any, environ: Mapping[str, str]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -232,6 +238,8 @@ class MlflowTracker:
     tag; the run ends FINISHED, KILLED (stopped: a later ``--resume`` sets it RUNNING again) or
     FAILED. The default store, ``<output>/mlruns``, is MLflow's file store, which MLflow 3 opens
     only with ``MLFLOW_ALLOW_FILE_STORE=true``: set here for that store alone (its reader needs it too)."""
+
+    NAME = "mlflow"
 
     def __init__(self, *, output: str | Path, start: int, saved: Any, environ: Mapping[str, str]) -> None:
         from mlflow import MlflowClient
@@ -291,6 +299,8 @@ class WandbTracker:
     sync <output>/wandb/offline-run-*`` uploads it later); the config as the run's config, each
     record ``log(values, step=step)``, the final model's path and the summary figures in its
     summary. Its console capture is off: the rank's output is the launcher's."""
+
+    NAME = "wandb"
 
     def __init__(self, *, output: str | Path, start: int, saved: Any, environ: Mapping[str, str]) -> None:
         import wandb

@@ -203,3 +203,46 @@ def test_a_stopped_run_resumed_continues_the_same_tracker_runs(tmp_path, monkeyp
     assert sorted(history) == sorted([(s, 10.0 + s) for s in (1, 2, 3, 4)] + [(s, 20.0 + s) for s in (3, 4, 5, 6)]), \
         "MLflow keeps both values of a step trained again"
     assert client.get_experiment(run.info.experiment_id).name == "packfeed"
+
+
+class _Recorder:
+    """A tracker that keeps what it is given; ``broken``: its ``log`` raises (a server away)."""
+
+    NAME = "recorder"
+
+    def __init__(self, broken: bool = False) -> None:
+        self.resumed, self.broken, self.calls = False, broken, []
+
+    def log(self, step, values):
+        if self.broken:
+            raise ConnectionError("server away")
+        self.calls.append(("log", step, dict(values)))
+
+    def log_config(self, run):
+        self.calls.append(("config", run))
+
+    def finish(self, final_model, figures):
+        self.calls.append(("finish", final_model, dict(figures)))
+
+    def fail(self):
+        self.calls.append(("fail",))
+
+
+def test_a_tracker_that_fails_a_record_warns_and_training_goes_on(caplog):
+    broken, kept = _Recorder(broken=True), _Recorder()
+    trackers = Trackers([broken, kept])
+    with trackers:
+        trackers.log({"step": 3, "loss": 1.5, "lr": None})
+    trackers.finish(None, {"steps": 3, "last_loss": 1.5, "memory": {"ranks": []}})
+    assert "recorder: the record of step 3 was not logged: server away" in caplog.text
+    assert kept.calls == [("log", 3, {"train/loss": 1.5}), ("finish", None, {"summary/steps": 3.0,
+                                                                             "summary/last_loss": 1.5})]
+    assert ("fail",) not in broken.calls, "a run that ends normally is not failed"
+
+
+def test_a_raise_in_the_loop_closes_the_trackers_as_failed():
+    tracker = _Recorder()
+    with pytest.raises(RuntimeError, match="rank died"):
+        with Trackers([tracker]):
+            raise RuntimeError("rank died")
+    assert tracker.calls == [("fail",)]
