@@ -109,7 +109,7 @@ def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int
         whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
         if rank == 0:
             save_final_model(trainee.model, output, step, state_dict=whole if is_sharded(trainee.model) else None)
-    if rank == 0:  # the final model's path (published by the launcher next), or none for a stop
+    if rank == 0 and run.train.report_to:  # the final model's path (the launcher publishes it next); a stop: none
         trackers.finish(None if stopped else RunDir(output).final, summarize(read_jsonl(RunDir(output).metrics)))
 
 
