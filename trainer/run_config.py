@@ -24,6 +24,7 @@ from packfeed.service.face import (
     close_match,
 )
 from packfeed.trainer.loop.evaluate import EvalConfig
+from packfeed.trainer.loop.trackers import report_to_names
 from packfeed.trainer.model.attention import ATTENTION_CHOICES
 from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.model.tiny import TINY_FAMILIES
@@ -91,6 +92,9 @@ class TrainConfig:
     it no longer holds gets them packed again from the window holding them.
     ``mixture_hook``: "module:function" every rank calls after each step to change the data
     mixture from the training loop (trainer/loop/mixture_hook.py); None: the mixture is the config's.
+    ``report_to``: the experiment trackers rank 0 logs each metrics record to, ``tensorboard``,
+    ``mlflow``, ``wandb`` (a list, one name, or "none": none); trainer/loop/trackers.py says where
+    each writes.
 
     ``objective``: "sft" (the token mean of the causal-LM loss) or "dpo" (preference pairs,
     trainer/objective/dpo.py: the pair mean of the ``dpo_loss_type`` loss, "sigmoid" or "ipo", with
@@ -137,8 +141,10 @@ class TrainConfig:
     sharding: str = "ddp"
     activation_checkpointing: str = "off"
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
+    report_to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "report_to", report_to_names(self.report_to))
         for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")

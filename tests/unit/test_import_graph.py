@@ -43,8 +43,9 @@ HEAVY_THIRD_PARTY = frozenset({
     "torch", "accelerate", "ray", "datasets", "transformers", "matplotlib", "trl", "safetensors",
 })
 # ... or for one that may be missing: no extra requires it (fsspec: the protocols pyarrow lacks),
-# or its absence is a message, not an ImportError (quicktok: the fast back-end refused, fast/backend.py).
-OPTIONAL_THIRD_PARTY = frozenset({"fsspec", "quicktok"})
+# or its absence is a message, not an ImportError (quicktok: the fast back-end refused, fast/backend.py;
+# the trackers of the `track` extra: a run naming a missing one is refused, trainer/loop/trackers.py).
+OPTIONAL_THIRD_PARTY = frozenset({"fsspec", "quicktok", "tensorboard", "mlflow", "wandb"})
 
 # Known circles, one edge each that closes it (source, target). To be removed: each entry goes
 # when the move proposed for it is made; a new circle, or an entry no longer in a circle, fails.

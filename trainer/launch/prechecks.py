@@ -11,7 +11,8 @@ the data itself); torchrun's rank 0 makes them while the other ranks wait, and b
 * ``check_run``: the resume against what the run trains on (a packed directory or the plan of
   its inputs; a server checks the stream state it is given itself), a finished run (nothing to
   do: its saved summary), the model and a DPO reference by name and vocabulary, the loss head's
-  family, the eval set (a packed directory of the run's seq_len), the memory plan.
+  family, the eval set (a packed directory of the run's seq_len), the memory plan, the trackers of
+  ``[train] report_to`` (installed, somewhere to write).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable
 from packfeed.service.face import PackedDir, display, load_tokenizer_for
 from packfeed.trainer.loop.evaluate import check_eval_set
 from packfeed.trainer.loop.mixture_hook import load_hook
+from packfeed.trainer.loop.trackers import check_trackers
 from packfeed.trainer.model.builder import check_model
 from packfeed.trainer.model.memory_plan import check_memory_plan
 from packfeed.trainer.objective.loss_head import check_loss_head
@@ -74,6 +76,7 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
     """The run's checks against what it trains on: ``packed_or_plan`` a PackedDir, the
     StreamPlan of its inputs, or None (rows from a server, which checks the stream state
     itself). A resumed run that is finished says so (``Prechecked.done``: nothing to train)."""
+    check_trackers(run.train.report_to, output)
     state, tokenizer = opened.state, opened.tokenizer
     checked = Prechecked(resume_from=None if opened.resume_from is None else str(opened.resume_from), state=state,
                       vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)

@@ -47,6 +47,8 @@ from packfeed.trainer.loop.interval import (
     per_source,
     progress_line,
 )
+from packfeed.trainer.loop.interval import read_jsonl, summarize
+from packfeed.trainer.loop.trackers import Trackers, open_trackers
 from packfeed.trainer.model.builder import build_model, flops_per_token, load_shards_from_rank0
 from packfeed.trainer.loop.optim import build_optimizer
 from packfeed.trainer.model.parallelize import (
@@ -107,11 +109,17 @@ def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int
     trainee, start = _set_up(run, runtime, vocab_size=vocab_size)
     if rank == 0:
         keep_records_until(RunDir(output).metrics, start)
-    step, stopped = _train_steps(run, runtime, trainee, start=start, output=output, pad_id=pad_id)
+    # [train] report_to: rank 0's trackers (loop/trackers.py), closed as failed if the loop raises
+    trackers = open_trackers(run.train.report_to, output=output, start=start, config=run.to_dict()) \
+        if rank == 0 else Trackers()
+    with trackers:
+        step, stopped = _train_steps(run, runtime, trainee, start=start, output=output, pad_id=pad_id, trackers=trackers)
     if not stopped:
         whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
         if rank == 0:
             save_final_model(trainee.model, output, step, state_dict=whole if is_sharded(trainee.model) else None)
+    if rank == 0 and run.train.report_to:  # the final model's path (the launcher publishes it next); a stop: none
+        trackers.finish(None if stopped else RunDir(output).final, summarize(read_jsonl(RunDir(output).metrics)))
 
 
 def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trainee, int]:
@@ -137,12 +145,12 @@ def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trai
 
 
 def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: int, output: str,
-                 pad_id: int) -> tuple[int, bool]:
+                 pad_id: int, trackers: Trackers) -> tuple[int, bool]:
     """Train from step ``start`` to the last step, the stream's end or the stop: (the steps
     completed, whether the run was stopped). Checkpoints where the loop ended when that step has
     none yet."""
     train, rank = run.train, runtime.rank
-    log = _interval_logger(run, runtime, trainee, output=output)
+    log = _interval_logger(run, runtime, trainee, output=output, trackers=trackers)
     hook = load_hook(train.mixture_hook)
     sources = runtime.sources()
     table = _source_table(runtime, sources)
@@ -258,9 +266,11 @@ def _record_rows(output: str, *, rank: int, step: int, loss: float, rows: list) 
     })
 
 
-def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, output: str) -> Callable[..., None]:
+def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, output: str,
+                     trackers: Trackers) -> Callable[..., None]:
     """``log(window, step=, lr=)``: close a metrics interval with this rank's memory figures
-    (``_log``), its throughput against the model's FLOPs per token and the GPUs' peak."""
+    (``_log``), its throughput against the model's FLOPs per token and the GPUs' peak; rank 0's
+    ``trackers`` get each record."""
     import torch
 
     device = runtime.device
@@ -272,7 +282,7 @@ def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, out
         _log(window, step=step, lr=lr, rank=runtime.rank, output=output, max_steps=run.train.max_steps,
              device=device, flops_per_token=flops, peak_total=peak * runtime.world_size if peak else None,
              memory=memory_figures(trainee.model, trainee.optimizer, device), sources=sources,
-             evaluated=evaluated)
+             evaluated=evaluated, trackers=trackers)
 
     return log
 
@@ -320,11 +330,12 @@ def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) ->
 
 def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str, max_steps: int, device: Any,
          flops_per_token: float, peak_total: float | None, memory: dict[str, int], sources: list[str],
-         evaluated: dict | None) -> None:
+         evaluated: dict | None, trackers: Trackers) -> None:
     """Close a metrics interval on every rank (one all_reduce, one all_gather of this rank's
     ``memory`` figures); rank 0 writes and prints it, with the eval record of the step when it
-    was evaluated (``evaluated``). A step evaluated after an interval just closed (the stream
-    ended right after a record) gets a record of its evaluation alone."""
+    was evaluated (``evaluated``), and gives it to its ``trackers``. A step evaluated after an
+    interval just closed (the stream ended right after a record) gets a record of its
+    evaluation alone."""
     import torch
     import torch.distributed as dist
 
@@ -344,6 +355,7 @@ def _log(window: MetricsWindow, *, step: int, lr: float, rank: int, output: str,
         record["eval"] = evaluated
     if rank == 0:
         append_jsonl(RunDir(output).metrics, record)
+        trackers.log(record)
         logger.info(progress_line(record, max_steps))
 
 

@@ -13,6 +13,8 @@ file                          written by                              on an obje
 ``scan.npz``                  the plan (inputs/scan_cache.py)         one PUT when a file was scanned
 ``final/``                    rank 0 and the driver (``publish_final``)  objects copied, ``FINAL_STATE`` last
 ``summary.json``, ``loss.png``  the driver, at the end                one PUT each
+``trackers.json``             rank 0, as its trackers open            one PUT a (re)start
+``tensorboard/``, ``mlruns/``, ``wandb/``  rank 0's trackers (loop/trackers.py)  (local outputs only)
 ============================  ======================================  =============================================
 
 ``RunDir`` names each of them once (and what ``--overwrite`` clears: everything but
@@ -69,8 +71,16 @@ class RunDir:
     # becomes final/, so a final/ that exists is complete.
     FINAL_PARTIAL = ".final.partial"
     FINAL_OLD = ".final.old"  # on disk: the previous final/ while a new one takes its place
-    # What --overwrite clears: the previous run, not the scan manifest (it describes the inputs).
-    RUN_FILES = (CONFIG, RAY, CHECKPOINTS, FINAL, FINAL_PARTIAL, FINAL_OLD, ROWS, METRICS, SUMMARY, PLOT, MANIFEST)
+    # [train] report_to (trainer/loop/trackers.py): the tracker runs' ids, so a restart or
+    # --resume continues them, and the files of the trackers that write under the output.
+    TRACKERS = "trackers.json"
+    TENSORBOARD = "tensorboard"
+    MLRUNS = "mlruns"  # MLflow's file store, when MLFLOW_TRACKING_URI names none
+    WANDB = "wandb"
+    # What --overwrite clears: the previous run (its trackers' files under the output too), not
+    # the scan manifest (it describes the inputs).
+    RUN_FILES = (CONFIG, RAY, CHECKPOINTS, FINAL, FINAL_PARTIAL, FINAL_OLD, ROWS, METRICS, SUMMARY, PLOT, MANIFEST,
+                 TRACKERS, TENSORBOARD, MLRUNS, WANDB)
 
     root: str | Path
 
@@ -104,6 +114,18 @@ class RunDir:
     @property
     def scan_cache(self) -> str:
         return self.file(self.SCAN_CACHE)
+
+    @property
+    def trackers(self) -> str:
+        return self.file(self.TRACKERS)
+
+    @property
+    def tensorboard(self) -> str:
+        return self.file(self.TENSORBOARD)
+
+    @property
+    def mlruns(self) -> str:
+        return self.file(self.MLRUNS)
 
     @property
     def final(self) -> str:

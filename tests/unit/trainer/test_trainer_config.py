@@ -69,7 +69,7 @@ def test_the_model_is_checked_on_the_driver(tmp_path):
         check_model(ModelConfig(name="./tiny_llama"), vocab_size=100)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ValueError, match=f"model '{empty}': cannot load its config \\(.*config.json"):
+    with pytest.raises(ValueError, match=f"model '{empty}' is a directory without config.json"):
         check_model(ModelConfig(name=str(empty)), vocab_size=100)
     saved = tmp_path / "small"
     tiny_config("llama", 64).save_pretrained(saved)  # config.json only: no weights are read
