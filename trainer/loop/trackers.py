@@ -51,22 +51,23 @@ GIB = 2**30
 
 # metrics.jsonl record keys that are no figure of the interval (``step`` is every figure's step).
 NOT_FIGURES = ("step", "time", "memory")
-RENAMED = {"source_loss": "loss"}  # {"source_loss": {"chat": x}} -> ".../loss/chat"
 
 
 def metric_values(record: Mapping[str, Any]) -> dict[str, float]:
     """The numbers of one metrics record under stable tracker names: every figure as
     ``train/<key>`` (``train/loss``, ``train/lr``, ``train/mfu``, ``train/reward_margin``, ...),
-    nested tables flattened with ``/`` (``source_loss`` named ``loss``: ``{"source_loss":
-    {"chat": 2.1}}`` -> ``train/loss/chat``), the ``eval`` table under ``eval/`` (``eval/loss``,
-    ``eval/loss/chat``, ``eval/tokens``), the largest rank's peak memory as
-    ``train/peak_memory_gib``. None, booleans, strings and lists are no metric: skipped."""
+    nested tables flattened with ``/`` (``{"source_loss": {"chat": 2.1}}`` ->
+    ``train/source_loss/chat``), the ``eval`` table under ``eval/`` (``eval/loss``,
+    ``eval/source_loss/chat``, ``eval/tokens``), the largest rank's peak memory as
+    ``train/peak_memory_gib``. None, booleans, strings and lists are no metric: skipped. No name
+    is the folder of another (``train/loss`` and ``train/loss/chat`` would be): MLflow's file
+    store keeps a metric as a file at its name's path."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "eval":
             _flatten("eval", value, out)
         elif key not in NOT_FIGURES:
-            _flatten(f"train/{RENAMED.get(key, key)}", value, out)
+            _flatten(f"train/{key}", value, out)
     peaks = [r.get("peak_bytes") for r in (record.get("memory") or {}).get("ranks") or []]
     peaks = [p for p in peaks if _is_number(p)]
     if peaks:
@@ -77,7 +78,7 @@ def metric_values(record: Mapping[str, Any]) -> dict[str, float]:
 def _flatten(name: str, value: Any, out: dict[str, float]) -> None:
     if isinstance(value, Mapping):
         for key, inner in value.items():
-            _flatten(f"{name}/{RENAMED.get(key, key)}", inner, out)
+            _flatten(f"{name}/{key}", inner, out)
     elif _is_number(value):
         out[name] = float(value)
 

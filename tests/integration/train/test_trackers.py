@@ -6,7 +6,8 @@ and nothing that reaches the network (W&B offline, MLflow's file store under the
 telemetry). Each tracker is read back with its own reader and holds what metrics.jsonl holds:
 
 * TensorBoard (``EventAccumulator``): ``train/loss`` at every logged step, equal to the record's
-  loss (float32), and the same metric names as MLflow and W&B;
+  loss (float32), ``eval/loss`` at the evaluated steps (``[eval]`` every 2 steps), the loss per
+  source, and the same metric names as MLflow and W&B;
 * MLflow (``MlflowClient.get_metric_history``): the same losses; the config as parameters; the
   final model's path as a tag; the run named after the output and FINISHED;
 * W&B (its ``run-<id>.wandb`` file, read with wandb's own record messages,
@@ -28,6 +29,8 @@ import pytest
 from support.train import Train, corpus_head, run_config_text
 from support.wandb_records import wandb_run
 
+from packfeed.service.assets import demo_tokenizer_path
+from packfeed.service.cli import main
 from packfeed.trainer.loop.interval import read_jsonl
 from packfeed.trainer.loop.trackers import metric_values
 from packfeed.trainer.state.run_dir import RunDir
@@ -43,9 +46,16 @@ UNSET = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_API_KEY", "WAND
          "WANDB_BASE_URL")
 
 
-def with_trackers(root, names: list[str]):
-    """A run config of ``STEPS`` steps under ``root`` with ``report_to = names``."""
-    text = run_config_text(corpus_head(root / "corpus", 40), steps=STEPS)
+def with_trackers(root, names: list[str], *, evaluated: bool = False):
+    """A run config of ``STEPS`` steps under ``root`` with ``report_to = names``; ``evaluated``:
+    with an ``[eval]`` every 2 steps on a packed eval set of the same files (its first 4 rows)."""
+    inputs = corpus_head(root / "corpus", 40)
+    text = run_config_text(inputs, steps=STEPS)
+    if evaluated:
+        eval_dir = root / "eval_rows"
+        assert main(["pack", *inputs, "--tokenizer", demo_tokenizer_path(), "--seq-len", "256",
+                     "--output", str(eval_dir)]) == 0
+        text += f"\n[eval]\npacked = {json.dumps(str(eval_dir))}\nevery_steps = 2\nmax_rows = 4\n"
     config = root / "run.toml"
     config.write_text(text.replace("[train]\n", f"[train]\nreport_to = {json.dumps(names)}\n", 1))
     return config
@@ -67,7 +77,7 @@ def marked(mark: str) -> list[str]:
 def tracked(tmp_path_factory):
     """(output, the run's output text, its records) of one run with all three trackers."""
     root = tmp_path_factory.mktemp("trackers")
-    config, output = with_trackers(root, TRACKERS), root / "demo"
+    config, output = with_trackers(root, TRACKERS, evaluated=True), root / "demo"
     with pytest.MonkeyPatch.context() as env:
         for name in UNSET:
             env.delenv(name, raising=False)
@@ -93,6 +103,15 @@ def test_tensorboard_holds_every_record_s_loss(tracked):
     assert losses == {r["step"]: pytest.approx(r["loss"], rel=1e-6) for r in records}
     assert set(events.Tags()["scalars"]) == set(metric_values(records[-1]))
     assert {"train/loss", "train/lr", "train/grad_norm", "train/peak_memory_gib"} <= set(events.Tags()["scalars"])
+    # the held-out loss ([eval] every 2 steps) and the loss per source, under their stable names
+    evaluated = {r["step"]: r["eval"] for r in records if "eval" in r}
+    assert sorted(evaluated) == [2, 4]
+    assert {e.step: e.value for e in events.Scalars("eval/loss")} == \
+        {step: pytest.approx(e["loss"], rel=1e-6) for step, e in evaluated.items()}
+    [source] = records[-1]["source_loss"]
+    assert {e.step: e.value for e in events.Scalars(f"train/source_loss/{source}")} == \
+        {r["step"]: pytest.approx(r["source_loss"][source], rel=1e-6) for r in records}
+    assert f"eval/source_loss/{source}" in events.Tags()["scalars"]
     assert "trackers: tensorboard" in out
 
 
@@ -114,6 +133,8 @@ def test_mlflow_holds_the_losses_the_config_and_the_final_model(tracked):
         ("tiny-llama", str(STEPS), json.dumps(TRACKERS))
     assert run.data.tags["final_model"] == str(output / RunDir.FINAL) and (output / RunDir.FINAL).is_dir()
     assert set(metric_values(records[-1])) <= set(run.data.metrics)
+    assert sorted((m.step, m.value) for m in client.get_metric_history(ids["run_id"], "eval/loss")) == \
+        [(r["step"], pytest.approx(r["eval"]["loss"])) for r in records if "eval" in r]
     assert run.data.metrics["summary/steps"] == STEPS
 
 
