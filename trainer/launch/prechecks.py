@@ -25,6 +25,7 @@ from typing import Any, Callable
 from packfeed.service.face import PackedDir, display, load_tokenizer_for
 from packfeed.trainer.loop.evaluate import check_eval_set
 from packfeed.trainer.loop.mixture_hook import load_hook
+from packfeed.trainer.loop.optim import lr_factor
 from packfeed.trainer.loop.trackers import check_trackers
 from packfeed.trainer.model.builder import check_model
 from packfeed.trainer.model.memory_plan import check_memory_plan
@@ -92,6 +93,8 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
             return dataclasses.replace(checked, done=saved_summary(output, state))
         print(f"resuming from {display(str(opened.resume_from))} at step {state.step}, stream cursor "
               f"{state.cursor}", flush=True)
+        for line in resume_changes(state, run):
+            logger.warning(line)
     model_config = check_model(run.model, vocab_size=tokenizer.vocab_size)
     longer = context_warning(model_config, seq_len=run.data.seq_len, name=run.model.name)
     if longer:
@@ -103,6 +106,37 @@ def check_run(run: RunConfig, opened: Opened, *, output: str | Path, packed_or_p
         check_eval_set(run.eval, seq_len=run.data.seq_len)
     check_memory_plan(run, no_memory_check=no_memory_check, vocab_size=tokenizer.vocab_size)
     return checked
+
+
+def resume_changes(state: TrainState, run: RunConfig) -> list[str]:
+    """One line for each change a resume makes that a user may not mean, against the run the
+    checkpoint was written by (its ``config``; none for a checkpoint without one): the rows of a
+    step (another world size or batch: the same rows, in other steps; how to keep the global
+    batch), and the learning-rate schedule (another ``max_steps`` or ``warmup_steps`` stretches
+    the cosine again from the step resumed: the rate jumps there)."""
+    try:
+        before = RunConfig.from_dict(state.config) if state.config else None
+    except (ValueError, TypeError, KeyError):  # a checkpoint of an older packfeed: check_resume says what matters
+        before = None
+    if before is None:
+        return []
+    lines = []
+    rows = {name: r.scaling.num_workers * r.train.grad_accum * r.train.micro_batch_rows for name, r in
+            (("before", before), ("now", run))}
+    if rows["before"] != rows["now"]:
+        per_rank = run.scaling.num_workers * run.train.micro_batch_rows
+        keep = (f"; to keep {rows['before']}, set grad_accum = {rows['before'] // per_rank}"
+                if rows["before"] % per_rank == 0 else "")
+        lines.append(f"resume: {rows['now']} rows a step (num_workers x grad_accum x micro_batch_rows), the run had "
+                     f"{rows['before']}: every row still comes once, in steps of another size{keep}")
+    schedule = [(name, getattr(before.train, name), getattr(run.train, name)) for name in ("max_steps", "warmup_steps")]
+    changed = [f"{name} {a} -> {b}" for name, a, b in schedule if a != b]
+    if changed and state.step < run.train.max_steps:
+        old, new = (lr_factor(state.step, warmup_steps=t.warmup_steps, max_steps=t.max_steps,
+                              min_lr_ratio=t.min_lr_ratio) * t.lr for t in (before.train, run.train))
+        lines.append(f"resume: {', '.join(changed)} re-stretches the learning-rate schedule: at step {state.step + 1} "
+                     f"the rate is {new:.3g} (the run's schedule had {old:.3g}); keep the run's values to keep it")
+    return lines
 
 
 def context_warning(model_config: Any, *, seq_len: int, name: str) -> str | None:

@@ -40,3 +40,48 @@ def test_a_directory_without_config_json_is_refused_as_such(tmp_path):
     with pytest.raises(ValueError, match="is a directory without config.json") as error:
         check_model(ModelConfig(name=str(tmp_path)), vocab_size=100)
     assert "model_type" not in str(error.value)
+
+
+# ---- what a resume changes (prechecks.resume_changes) -------------------------------------------
+
+def _run(**train):
+    from packfeed.trainer.run_config import RunConfig
+
+    base = {"max_steps": 40, "warmup_steps": 4, "micro_batch_rows": 2, "grad_accum": 1, "lr": 1e-3}
+    scaling = {"num_workers": train.pop("num_workers", 2)}
+    return RunConfig.from_dict({"data": {"inputs": ["x.jsonl"], "tokenizer": "t", "seq_len": 64},
+                                "model": {"name": "tiny-llama"}, "train": {**base, **train}, "scaling": scaling})
+
+
+def _state(step, run):
+    from packfeed.trainer.state.train_state import TrainState
+
+    return TrainState(step=step, stream={}, config=run.to_dict())
+
+
+def test_a_resume_of_the_same_run_says_nothing():
+    from packfeed.trainer.launch.prechecks import resume_changes
+
+    assert resume_changes(_state(20, _run()), _run()) == []
+    assert resume_changes(_state(20, _run()).__class__(step=20, stream={}), _run()) == [], "no config: nothing"
+
+
+def test_another_world_size_says_the_rows_of_a_step_and_how_to_keep_them():
+    from packfeed.trainer.launch.prechecks import resume_changes
+
+    [line] = resume_changes(_state(20, _run()), _run(num_workers=1))
+    assert "2 rows a step" in line and "the run had 4" in line and "grad_accum = 2" in line and "\n" not in line
+    [line] = resume_changes(_state(20, _run(num_workers=2)), _run(num_workers=3))
+    assert "6 rows a step" in line and "to keep" not in line, "4 rows cannot be kept by 3 workers of 2 rows"
+
+
+def test_another_max_steps_says_the_schedule_is_stretched_again():
+    from packfeed.trainer.launch.prechecks import resume_changes
+    from packfeed.trainer.loop.optim import lr_factor
+
+    [line] = resume_changes(_state(40 - 5, _run()), _run(max_steps=60))
+    assert "max_steps 40 -> 60" in line and "at step 36" in line
+    before = lr_factor(35, warmup_steps=4, max_steps=40, min_lr_ratio=0.1) * 1e-3
+    after = lr_factor(35, warmup_steps=4, max_steps=60, min_lr_ratio=0.1) * 1e-3
+    assert after > before and f"{after:.3g}" in line and f"{before:.3g}" in line
+    assert resume_changes(_state(40, _run()), _run(max_steps=40)) == []
