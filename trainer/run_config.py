@@ -32,6 +32,7 @@ from packfeed.trainer.model.tiny import TINY_FAMILIES
 PRECISIONS = ("auto", "fp32", "bf16")
 SHARDINGS = ("ddp", "fsdp")
 ACTIVATION_CHECKPOINTING = ("off", "full", "offload")
+MAX_GPU_MEMORY_GB = 1024  # [scaling] gpu_memory_gb above this is a unit mistake (bytes, MB), not a GPU
 DEFAULT_LOSS_CHUNK_TOKENS = 1024  # x a 152k vocabulary: 0.6 GB of fp32 logits a chunk, ~1.9 GB with log-softmax and gradient
 OBJECTIVES = ("sft", "dpo")
 INITIAL_REFERENCE = "initial"  # dpo_reference: a frozen copy of the weights the run starts from
@@ -243,8 +244,9 @@ class TrainScaling:
         _check_int("num_workers", self.num_workers, minimum=1)
         if self.gpu_memory_gb is not None:
             _check_number("gpu_memory_gb", self.gpu_memory_gb)
-            if not self.gpu_memory_gb > 0:
-                raise ValueError(f"gpu_memory_gb must be > 0, got {self.gpu_memory_gb!r}")
+            if not 0 < self.gpu_memory_gb <= MAX_GPU_MEMORY_GB:
+                raise ValueError(f"gpu_memory_gb is one GPU's memory in GB (an H200 has 141), in (0, "
+                                 f"{MAX_GPU_MEMORY_GB}]; got {self.gpu_memory_gb!r}")
         _check_number("cpus_per_worker", self.cpus_per_worker)
         if not self.cpus_per_worker > 0:
             raise ValueError("cpus_per_worker must be > 0 (fractions are fine)")

@@ -85,3 +85,12 @@ def test_another_max_steps_says_the_schedule_is_stretched_again():
     after = lr_factor(35, warmup_steps=4, max_steps=60, min_lr_ratio=0.1) * 1e-3
     assert after > before and f"{after:.3g}" in line and f"{before:.3g}" in line
     assert resume_changes(_state(40, _run()), _run(max_steps=40)) == []
+
+
+@pytest.mark.parametrize("memory", [0, -1, 1e9, 1025, float("inf")])
+def test_a_gpu_memory_that_no_gpu_has_is_refused(memory):
+    from packfeed.trainer.run_config import TrainScaling
+
+    with pytest.raises(ValueError, match="gpu_memory_gb"):
+        TrainScaling(gpu_memory_gb=memory)
+    assert TrainScaling(gpu_memory_gb=141).gpu_memory_gb == 141
