@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,14 +33,16 @@ def run_script(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[s
     # The server's srun runs in the background and the script's exit trap sends it SIGTERM: the
     # script runs with SIGTERM ignored (inherited by the stubs from their start, before any trap
     # of theirs could be set), and the test waits for every line.
-    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nline="$(printf "%q " "$@")"\necho "$line" >> {log}\n')
+    (bin_dir / "srun").write_text(f'#!/usr/bin/env bash\nline="$(printf "%q " "$@")"\necho "$line" >> {log}\n'
+                                  f'echo "$PACKFEED_AUTH_TOKEN" >> {log}.tokens\n')
     (bin_dir / "scontrol").write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr "," "\\n" <<< "$3"\n')
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
-    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST_HET_GROUP_0": "cpu1",
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "packfeed-train", "SLURM_JOB_NODELIST_HET_GROUP_0": "cpu1",
              "SLURM_JOB_NODELIST_HET_GROUP_1": "gpu1,gpu2", "SLURM_JOB_NUM_NODES_HET_GROUP_1": "2"}
+    venv = Path(sys.executable).parent  # the script runs in the packfeed venv (activated before sbatch)
     proc = subprocess.run(["bash", str(script)], env={**os.environ, **slurm, **env,
-                                                      "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                                                      "PATH": f"{bin_dir}:{venv}:{os.environ['PATH']}"},
                           capture_output=True, text=True, cwd=tmp_path, timeout=60,
                           preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
     assert proc.returncode == 0, proc.stderr
@@ -74,12 +77,41 @@ def test_cpu_nodes_serve_and_gpu_nodes_train_under_torchrun(tmp_path):
     assert train[0] == "--het-group=1" and "torchrun" in train
     torchrun = train[train.index("torchrun"):train.index("packfeed")]
     flags = dict(zip(torchrun[1::2], torchrun[2::2]))
-    assert flags["--nnodes"] == "2" and flags["--nproc-per-node"] == "8"
+    assert flags["--nnodes"] == "2" and flags["--nproc-per-node"] == "gpu", "a rank per GPU SLURM gives the node"
     assert flags["--rdzv-endpoint"] == "gpu1:29400" and flags["--rdzv-backend"] == "c10d"
     assert torchrun[-1] == "--no-python"
     trained = parse_entrypoint(shlex.join(packfeed_command(train)))
     assert trained.command == "train" and trained.launcher == "torchrun"
     assert trained.server == "cpu1:50051" and trained.resume == "auto"
+    assert Path(trained.config).is_file() and Path(trained.config).is_absolute(), "found from anywhere"
+
+
+def test_the_server_and_every_rank_share_a_token_the_server_accepts(tmp_path):
+    from packfeed.service.commands.serve import check_args
+
+    serve, _ = run_script(tmp_path)
+    tokens = (tmp_path / "srun.log.tokens").read_text().split()
+    assert len(tokens) == 2 and tokens[0] == tokens[1] and len(tokens[0]) >= 24, "one token, both sides"
+    served = parse_entrypoint(shlex.join(packfeed_command(serve)))
+    check_args(served, tokens[0])  # serve's own check on 0.0.0.0: accepted with the token
+    with pytest.raises(ValueError, match="without a token"):
+        check_args(served, None)  # what the script started before: refused, exit 2
+    given = tmp_path / "given"
+    given.mkdir()
+    run_script(given, PACKFEED_AUTH_TOKEN="the-sites-own-token-of-24-chars")
+    assert set((given / "srun.log.tokens").read_text().split()) == {"the-sites-own-token-of-24-chars"}
+
+
+def test_a_second_submission_continues_the_first_run(tmp_path):
+    outputs = []
+    for job in ("42", "43"):
+        root = tmp_path / job
+        root.mkdir()
+        _, train = run_script(root, SLURM_JOB_ID=job)
+        trained = parse_entrypoint(shlex.join(packfeed_command(train)))
+        assert trained.resume == "auto"
+        outputs.append(trained.output)
+    assert outputs[0] == outputs[1] == "runs/slurm-packfeed-train", "the job's name, not its id"
 
 
 def test_a_packed_directory_needs_no_server(tmp_path):
