@@ -106,3 +106,35 @@ def test_lora_changes_only_the_weight_terms_and_its_dpo_needs_no_second_model(qw
     assert dict(halves.terms)["frozen weights"] == qwen.num_params  # fsdp over 2: half each
     with pytest.raises(ValueError, match=r"\[lora\] target_modules \['qkv'\] match no linear layer.*q_proj"):
         plan_memory(run_of({"target_modules": ["qkv"]}), shape=qwen)
+
+
+def test_the_wrapped_model_starts_as_the_base_frozen_in_the_compute_dtype():
+    """``apply_lora``: the same adapter from the same seed, only the adapter (and modules_to_save)
+    trained and in fp32, the frozen weights cast; at step 0 the logits are the base's (lora_B 0),
+    and the chunked loss head reads the trained lm_head copy through the wrapper."""
+    import torch
+
+    from packfeed.trainer.model.builder import build_model
+    from packfeed.trainer.model.lora import apply_lora
+    from packfeed.trainer.objective.loss_head import output_head
+
+    def wrapped(lora: LoraSettings, dtype=None):
+        model = build_model(ModelConfig(name="tiny-llama", attn="sdpa"), vocab_size=96, seed=3)
+        return apply_lora(model, lora, seed=3, frozen_dtype=dtype)
+
+    lora = LoraSettings(r=4, modules_to_save=("lm_head",))
+    a, b = wrapped(lora), wrapped(lora)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    trained = {n for n, p in a.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n or "modules_to_save" in n for n in trained)
+    cast = wrapped(lora, torch.bfloat16)
+    assert {p.dtype for n, p in cast.named_parameters() if n in trained} == {torch.float32}
+    assert {p.dtype for n, p in cast.named_parameters() if n not in trained} == {torch.bfloat16}
+    ids = torch.arange(20).reshape(1, 20)
+    base = build_model(ModelConfig(name="tiny-llama", attn="sdpa"), vocab_size=96, seed=3)
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids, use_cache=False).logits, base(input_ids=ids, use_cache=False).logits)
+    head = a.get_base_model().lm_head
+    assert output_head(a).weight is head.modules_to_save["default"].weight
+    with a.disable_adapter():
+        assert output_head(a).weight is head.original_module.weight
