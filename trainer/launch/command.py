@@ -117,7 +117,8 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
         scaling["packer_labels"] = parse_pairs(args.packer_label, "--packer-label", str)
     if args.packer_resource:
         scaling["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
-    return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling})
+    return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling,
+                                "lora": base.get("lora")})
 
 
 def run(args: argparse.Namespace) -> int:

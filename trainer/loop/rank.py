@@ -315,7 +315,7 @@ def _quiet_rank_logs(rank: int) -> None:
 
     if rank != 0:
         for name in ("packfeed.trainer.model.builder", "packfeed.trainer.model.attention", "packfeed.trainer.objective.dpo",
-                     "packfeed.trainer.model.memory_plan"):
+                     "packfeed.trainer.model.memory_plan", "packfeed.trainer.model.lora"):
             logging.getLogger(name).setLevel(logging.WARNING)
     hf_logging.disable_progress_bar()
 

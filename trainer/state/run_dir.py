@@ -15,6 +15,9 @@ file                          written by                              on an obje
 ``summary.json``, ``loss.png``  the driver, at the end                one PUT each
 ============================  ======================================  =============================================
 
+With ``[lora]``, ``final/`` holds the adapter as peft saves it (adapter_config.json,
+adapter_model.safetensors), ``base/`` for a tiny model and ``merged/`` for ``merge = true``.
+
 ``RunDir`` names each of them once (and what ``--overwrite`` clears: everything but
 ``scan.npz``); a checkpoint's own name is ``checkpoint.checkpoint_name``.
 

@@ -11,7 +11,9 @@ workers under Ray Train on the shared local Ray, the bundled corpus packed by th
   frozen copy of the base (a model directory): the same frozen weights, two code paths (under
   fsdp, full checkpointing, the chunked head);
 * a run stopped at a planned step and resumed trains what an uninterrupted one trains, per step
-  and rank (rows and loss, to 1e-5).
+  and rank (rows and loss, to 1e-5);
+* `packfeed train --launcher torchrun` (2 CPU ranks, the config file's ``[lora]`` table) on the
+  corpus packed by `packfeed pack` trains what Ray Train trained, per step and rank.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import dataclasses
 import itertools
 import json
 import math
+import os
+import subprocess
 
 import pytest
 from support.compare import assert_same_training, losses
 from support.serve import REPO
-from support.train import corpus_head
+from support.train import PACKFEED, corpus_head, run_config_text
 
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cluster.scaling import PackingScaling
@@ -47,14 +51,18 @@ def scaling() -> TrainScaling:
 
 
 @pytest.fixture(scope="module")
-def sft_config(tmp_path_factory) -> RunConfig:
-    inputs = corpus_head(tmp_path_factory.mktemp("corpus"), 100)
+def sft_config(corpus) -> RunConfig:
     return RunConfig(
-        data=DataConfig.from_inputs(tuple(inputs), tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN, window_samples=64),
+        data=DataConfig.from_inputs(tuple(corpus), tokenizer=demo_tokenizer_path(), seq_len=SEQ_LEN, window_samples=64),
         model=ModelConfig(name="tiny-llama", attn="sdpa"),
         train=TrainConfig(max_steps=STEPS, micro_batch_rows=2, log_every=1, lr=1e-2, warmup_steps=0, min_lr_ratio=1.0,
                           record_rows=True, loss_chunk_tokens=0),
         scaling=scaling(), lora=LORA)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[str]:
+    return corpus_head(tmp_path_factory.mktemp("corpus"), 100)
 
 
 def trained(run: RunConfig, output) -> object:
@@ -197,3 +205,23 @@ def test_a_stopped_and_resumed_lora_run_trains_what_an_uninterrupted_one_trains(
 
     a, b = (load_file(str(out / "final" / "adapter_model.safetensors")) for out in (ddp_run, tmp_path))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
+
+
+def test_torchrun_trains_what_ray_train_trains_with_the_config_files_lora_table(corpus, ddp_run, tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "", "OMP_NUM_THREADS": "1"}
+    packed = tmp_path / "packed"
+    subprocess.run([PACKFEED, "pack", *corpus, "--tokenizer", demo_tokenizer_path(), "--seq-len", str(SEQ_LEN),
+                    "--window-samples", "64", "--output", str(packed)], check=True, capture_output=True, env=env,
+                   cwd=REPO, timeout=300)
+    config = tmp_path / "run.toml"
+    text = run_config_text([str(packed)], steps=STEPS, window_samples=None, packing=False)
+    text = text.replace("lr = 3e-3\nwarmup_steps = 2\n", "lr = 1e-2\nwarmup_steps = 0\nmin_lr_ratio = 1.0\n"
+                        "loss_chunk_tokens = 0\n")  # as sft_config
+    config.write_text(text + f"\n[lora]\nr = {RANK}\nalpha = 16\nmerge = true\n")
+    proc = subprocess.run([str(REPO / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           "--no-python", PACKFEED, "train", "--config", str(config), "--output", str(tmp_path / "run"),
+                           "--launcher", "torchrun"], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"with LoRA r {RANK}" in proc.stdout + proc.stderr
+    assert_same_training(ddp_run, tmp_path / "run", steps=STEPS, rel=1e-5, ranks=2)
+    assert {"adapter_model.safetensors", "merged", "base"} <= {p.name for p in (tmp_path / "run" / "final").iterdir()}

@@ -5,6 +5,7 @@ config.json fixture on the meta device, no Ray, no weights."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -138,3 +139,19 @@ def test_the_wrapped_model_starts_as_the_base_frozen_in_the_compute_dtype():
     assert output_head(a).weight is head.modules_to_save["default"].weight
     with a.disable_adapter():
         assert output_head(a).weight is head.original_module.weight
+
+
+def test_packfeed_train_reads_the_lora_table_of_its_config_file(tmp_path):
+    from packfeed.trainer.launch.command import run_config_from_args
+
+    config = tmp_path / "run.toml"
+    config.write_text(f'[data]\ninputs = ["x.jsonl"]\ntokenizer = "{TOKENIZER}"\nseq_len = 256\n'
+                      '[model]\nname = "tiny-llama"\n[lora]\nr = 4\nmerge = true\n')
+    args = argparse.ArgumentParser()
+    from packfeed.trainer.launch.command import add_arguments
+
+    add_arguments(args)
+    run = run_config_from_args(args.parse_args(["--config", str(config)]))
+    assert run.lora == LoraSettings(r=4, merge=True)
+    config.write_text(config.read_text().replace("[lora]\nr = 4\nmerge = true\n", ""))
+    assert run_config_from_args(args.parse_args(["--config", str(config)])).lora is None
