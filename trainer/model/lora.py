@@ -16,7 +16,7 @@ is saved in ``final/base/`` (``write_final_extras``).
 Size of an adapter on a linear layer of ``in`` x ``out`` features: ``r * (in + out)``
 parameters (lora_A r x in, lora_B out x r). Worked example, Qwen2.5-7B, r 16, every linear of
 its 28 decoder layers (q 3584->3584, k and v 3584->512, o 3584->3584, gate and up
-3584->18944, down 18944->3584): 16 x 148,480 x 28 = 40.4M parameters, 0.53% of 7.62B.
+3584->18944, down 18944->3584): 16 x 90,112 x 28 = 40.4M parameters, 0.53% of 7.62B.
 """
 
 from __future__ import annotations

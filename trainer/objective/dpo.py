@@ -7,7 +7,9 @@ log-probs, trainer/objective/loss_head.py, and ``segment_sums``: never the full 
 ``pair_logps`` gathers them per pair, so a pair's log-ratio is exactly what it would be run
 alone (tests/models/test_dpo_packed.py checks it, gradients too).
 
-The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/objective/dpo_loss.py.
+The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/objective/dpo_loss.py. With ``[lora]``
+and ``dpo_reference = "initial"`` there is no reference model: the policy runs once more with its
+adapter disabled (``disable_adapter()``), i.e. as the frozen weights it started from.
 
 Normalisation, as the SFT step's (trainer/objective/step.py): the step's pairs are counted over every
 micro-batch and rank (one all_reduce) BEFORE any backward, and each micro-batch backpropagates
@@ -76,9 +78,10 @@ def accumulate_dpo_gradients(
     ``micro_batches``: this rank's ``dpo_micro_batch`` dicts on the model's device; every rank
     must pass the same number (DDP syncs on the last backward). ``reference``: the frozen model
     (eval mode, no gradients), or None for a LoRA policy (trainer/model/lora.py): the policy
-    itself with its adapter disabled, i.e. the frozen weights it started from. Returns the pair mean loss over the whole step (all ranks),
-    ``trained_tokens`` (the pairs' trained tokens, 0 when the step holds no pair), ``pairs`` and
-    the reward figures. ``chunk_tokens``: the loss head's chunk, for the policy and the
+    itself with its adapter disabled, i.e. the frozen weights it started from. Returns the pair
+    mean loss over the whole step (all ranks), ``trained_tokens`` (the pairs' trained tokens, 0
+    when the step holds no pair), ``pairs`` and the reward figures. ``chunk_tokens``: the loss
+    head's chunk, for the policy and the
     reference alike (``batch_pair_logps``; 0: full logits). Cost: 2 all_reduces of a few
     scalars, a reference forward per micro-batch.
     """
