@@ -4,8 +4,7 @@
 ``tiny_config``), counts its parameters exactly on the meta device, and adds up what one worker
 holds at its peak for the run's ``[train] sharding``, ``activation_checkpointing``,
 ``loss_chunk_tokens``, ``precision``, ``micro_batch_rows``, ``[scaling] num_workers``, ``[data]
-seq_len`` and ``[lora]`` (frozen weights at 2 B/param in bf16, 4 in fp32; gradients and AdamW
-states for the adapter's r x (in + out) per targeted linear only, trainer/model/lora.py).
+seq_len`` and ``[lora]`` (frozen weights at 2 B/param in bf16, states for the adapter only).
 ``MemoryPlan.format()`` prints the table and one last line, ``fits: yes:
 ...`` or ``fits: no: ...; try <the cheapest change that fits>``. ``check_memory_plan`` is the
 same check before a run starts: a ValueError when the plan does not fit.
@@ -207,13 +206,12 @@ def estimate(shape: ModelShape, layout: Layout) -> tuple[tuple[str, int, str], .
 
 
 def _weight_terms(s: ModelShape, lay: Layout) -> list[tuple[str, int, str]]:
-    """The weights, gradients and optimizer states of one worker (and DPO's reference). With
-    LoRA: the frozen weights at the compute dtype's bytes, the states of the adapter only."""
+    """Weights, gradients, AdamW states (and DPO's reference) of one worker. With LoRA: the frozen
+    weights at the compute dtype's bytes, states for the adapter's r x (in + out) per linear."""
     fsdp = lay.sharding == "fsdp"
     world = lay.num_workers if fsdp else 1
     over = f" / {_workers(world)}" if fsdp else " on every worker"
-    trained = lay.lora_params or s.num_params
-    adapter = " of the adapter" if lay.lora_params else ""
+    trained, adapter = lay.lora_params or s.num_params, " of the adapter" if lay.lora_params else ""
     terms: list[tuple[str, int, str]] = []
     if lay.lora_params:
         weight = lay.activation_bytes
