@@ -10,8 +10,8 @@ workers under Ray Train on the shared local Ray, the bundled corpus packed by th
 * DPO with the adapter disabled as its reference trains the losses of DPO against an explicit
   frozen copy of the base (a model directory): the same frozen weights, two code paths (under
   fsdp, full checkpointing, the chunked head);
-* a run stopped at a planned step and resumed trains what an uninterrupted one trains, per step
-  and rank (rows and loss, to 1e-5);
+* a run stopped at a planned step, resumed, and restarted by Ray Train after a rank died trains
+  what an uninterrupted one trains, per step and rank (rows and loss, to 1e-5);
 * `packfeed train --launcher torchrun` (2 CPU ranks, the config file's ``[lora]`` table) on the
   corpus packed by `packfeed pack` trains what Ray Train trained, per step and rank.
 """
@@ -33,6 +33,8 @@ from support.train import PACKFEED, corpus_head, run_config_text
 from packfeed.service.assets import demo_tokenizer_path
 from packfeed.service.cluster.scaling import PackingScaling
 from packfeed.service.data.config import DataConfig
+from packfeed.service.faults import FAULTS_DIR_ENV, FAULTS_ENV
+from packfeed.trainer.loop.interval import read_jsonl
 from packfeed.trainer.model.lora import LoraSettings
 from packfeed.trainer.run_config import ModelConfig, RunConfig, TrainConfig, TrainScaling
 from packfeed.trainer.state.checkpoint import latest_checkpoint
@@ -192,18 +194,27 @@ def test_dpo_with_the_adapter_disabled_trains_what_an_explicit_reference_trains(
     assert abs(losses(disabled)[3] - first) > 1e-3, "the adapter trained: the policy left its reference"
 
 
-def test_a_stopped_and_resumed_lora_run_trains_what_an_uninterrupted_one_trains(ray_cluster, sft_config, ddp_run,
-                                                                                 tmp_path):
-    from packfeed.trainer.launch.ray_driver import train
-
-    train(with_train(sft_config, stop_at_step=STOP), output=tmp_path)
-    assert json.loads((latest_checkpoint(tmp_path) / "trainer_state.json").read_text())["step"] == STOP
-    assert json.loads((tmp_path / "final" / "packfeed_state.json").read_text()) == {"step": STOP}
-    train(sft_config, output=tmp_path, resume=True)
-    assert_same_training(ddp_run, tmp_path, steps=STEPS, rel=1e-5, ranks=2)
+def test_a_stopped_resumed_and_restarted_lora_run_trains_what_an_uninterrupted_one_trains(
+        ray_cluster, sft_config, ddp_run, tmp_path, monkeypatch):
+    """Stopped at step STOP (a planned interruption), resumed, and in the resumed run rank 0 dies
+    after step STOP + 1 (``$PACKFEED_FAULTS``): Ray Train restarts the group from the adapter's
+    checkpoint of step STOP, which trains step STOP + 1 again, the same rows to the same loss."""
     from safetensors.torch import load_file
 
-    a, b = (load_file(str(out / "final" / "adapter_model.safetensors")) for out in (ddp_run, tmp_path))
+    from packfeed.trainer.launch.ray_driver import train
+
+    output = tmp_path / "run"
+    train(with_train(sft_config, stop_at_step=STOP), output=output)
+    assert json.loads((latest_checkpoint(output) / "trainer_state.json").read_text())["step"] == STOP
+    assert json.loads((output / "final" / "packfeed_state.json").read_text()) == {"step": STOP}
+    monkeypatch.setenv(FAULTS_ENV, f"train-step:{STOP + 1}@0")
+    monkeypatch.setenv(FAULTS_DIR_ENV, str(tmp_path / "drill"))
+    train(with_train(sft_config, max_failures=1), output=output, resume=True)
+    assert (tmp_path / "drill" / f"train-step-{STOP + 1}-0.fired").exists(), "rank 0 died"
+    pids = {rec["pid"] for rec in read_jsonl(output / "rows" / "rank0.jsonl") if rec["step"] > STOP}
+    assert len(pids) == 2, "the group was restarted"
+    assert_same_training(ddp_run, output, steps=STEPS, rel=1e-5, ranks=2)  # a step trained twice: the same
+    a, b = (load_file(str(out / "final" / "adapter_model.safetensors")) for out in (ddp_run, output))
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a)
 
 
