@@ -1,8 +1,9 @@
 """Typed, validated configuration of a training run: model, optimisation, scaling.
 
 The data section is ``packfeed.service.data.config.DataConfig`` (the same as ``packfeed pack``).
-A run is ``RunConfig(data=..., model=..., train=..., scaling=...)``; ``from_dict`` reads the
-``[data]``, ``[model]``, ``[train]`` and ``[scaling]`` tables of a TOML config file. Runtime
+A run is ``RunConfig(data=..., model=..., train=..., scaling=..., lora=...)``; ``from_dict`` reads the
+``[data]``, ``[model]``, ``[train]``, ``[scaling]`` and optional ``[lora]`` tables of a TOML config
+file (``[lora]``: trainer/model/lora.py ``LoraSettings``). Runtime
 objects (rank, world size, device, Ray handles) are arguments, never config.
 """
 
@@ -26,6 +27,7 @@ from packfeed.service.face import (
 from packfeed.trainer.loop.evaluate import EvalConfig
 from packfeed.trainer.loop.trackers import report_to_names
 from packfeed.trainer.model.attention import ATTENTION_CHOICES
+from packfeed.trainer.model.lora import LoraSettings
 from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.model.tiny import TINY_FAMILIES
 
@@ -279,13 +281,15 @@ class TrainScaling:
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """Everything a training run is a function of."""
+    """Everything a training run is a function of. ``lora``: train a LoRA adapter on the frozen
+    model (trainer/model/lora.py), None: every weight."""
 
     data: DataConfig
     model: ModelConfig
     train: TrainConfig = field(default_factory=lambda: TrainConfig())
     scaling: TrainScaling = field(default_factory=lambda: TrainScaling())
     eval: EvalConfig | None = None  # [eval]: held-out evaluation (trainer/loop/evaluate.py); None: none
+    lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
         if self.eval is not None and self.train.objective != "sft":
@@ -316,13 +320,15 @@ class RunConfig:
         out["model"]["overrides"] = dict(self.model.overrides)
         if self.eval is not None:
             out["eval"] = dataclasses.asdict(self.eval)
+        if self.lora is not None:  # absent otherwise: a run without LoRA writes the dict it always wrote
+            out["lora"] = self.lora.to_table()
         return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RunConfig":
-        unknown = sorted(set(d) - {"data", "model", "train", "scaling", "eval"})
+        unknown = sorted(set(d) - {"data", "model", "train", "scaling", "eval", "lora"})
         if unknown:
-            raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling], [eval]")
+            raise ValueError(f"unknown config tables {unknown}; expected [data], [model], [train], [scaling], [eval], [lora]")
         if "model" not in d:
             raise ValueError("the config needs a [model] table with at least name = \"tiny-llama\" or a model id/path")
         return cls(
@@ -331,6 +337,7 @@ class RunConfig:
             train=_build(TrainConfig, "train", d.get("train", {})),
             scaling=TrainScaling.from_table(d.get("scaling", {})),
             eval=_build(EvalConfig, "eval", d["eval"]) if d.get("eval") is not None else None,
+            lora=_build(LoraSettings, "lora", d["lora"]) if d.get("lora") is not None else None,
         )
 
 

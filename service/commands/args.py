@@ -37,7 +37,7 @@ from packfeed.service.data.config import (
 from packfeed.service.cluster.scaling import LABELS_NAME, RESOURCES_NAME, TABLE_KEYS, PackingScaling
 from packfeed.service.storage import is_remote
 
-CONFIG_TABLES = ("data", "scaling", "model", "train", "eval", "output")
+CONFIG_TABLES = ("data", "scaling", "model", "train", "eval", "lora", "output")
 # [scaling] keys of train's workers and feeder; the packing actors' are scaling.TABLE_KEYS (pack, serve, train)
 TRAIN_SCALING_KEYS = ("num_workers", "cpus_per_worker", "use_gpu", "trainer_labels", "trainer_resources",
                       "driver_labels")

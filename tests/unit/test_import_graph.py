@@ -36,11 +36,11 @@ REPO = Path(__file__).resolve().parents[2]
 # An import inside a function is for a library that is heavy to import. Measured with
 # `python -X importtime -c "import X"` (cumulative, this venv, CPU): torch 3.3 s, accelerate
 # 1.8 s, ray 0.41 s (ray.train 1.8 s, ray.data 1.3 s), datasets 1.2 s, transformers 1.1 s,
-# matplotlib.pyplot 0.67 s, trl 0.28 s; safetensors.torch loads torch. Not heavy: pyarrow 0.18 s
+# matplotlib.pyplot 0.67 s, trl 0.28 s; safetensors.torch and peft load torch (and peft transformers). Not heavy: pyarrow 0.18 s
 # (pyarrow.compute 0.24 s), numpy 0.15 s, fsspec 0.12 s, grpc_health 0.08 s, grpc 0.07 s, tqdm
 # 0.05 s, psutil 0.02 s, tokenizers 0.01 s, quicktok 0.003 s.
 HEAVY_THIRD_PARTY = frozenset({
-    "torch", "accelerate", "ray", "datasets", "transformers", "matplotlib", "trl", "safetensors",
+    "torch", "accelerate", "ray", "datasets", "transformers", "matplotlib", "trl", "safetensors", "peft",
 })
 # ... or for one that may be missing: no extra requires it (fsspec: the protocols pyarrow lacks),
 # or its absence is a message, not an ImportError (quicktok: the fast back-end refused, fast/backend.py;

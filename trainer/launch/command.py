@@ -120,7 +120,7 @@ def run_config_from_args(args: argparse.Namespace, base: dict | None = None):
         scaling["packer_labels"] = parse_pairs(args.packer_label, "--packer-label", str)
     if args.packer_resource:
         scaling["packer_resources"] = parse_pairs(args.packer_resource, "--packer-resource", float)
-    optional = {table: base[table] for table in ("eval",) if table in base}  # tables without flags
+    optional = {table: base[table] for table in ("eval", "lora") if table in base}  # tables without flags
     return RunConfig.from_dict({"data": data.to_dict(), "model": model, "train": train, "scaling": scaling, **optional})
 
 

@@ -157,5 +157,6 @@ def context_warning(model_config: Any, *, seq_len: int, name: str) -> str | None
 def training_line(run: RunConfig, *, on: str, start_step: int, output: str | Path) -> str:
     """The line both launchers print as training starts; ``on``: where the ranks run."""
     rows = run.scaling.num_workers * run.train.grad_accum * run.train.micro_batch_rows
-    return (f"training {run.model.name} on {on}, {rows} rows of {run.data.seq_len} per step, "
+    lora = f" with LoRA r {run.lora.r} (the adapter trains, the model is frozen)" if run.lora is not None else ""
+    return (f"training {run.model.name}{lora} on {on}, {rows} rows of {run.data.seq_len} per step, "
             f"steps {start_step}->{run.train.last_step} -> {display(str(output))}")

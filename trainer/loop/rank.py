@@ -50,6 +50,7 @@ from packfeed.trainer.loop.interval import (
 from packfeed.trainer.loop.interval import read_jsonl, summarize
 from packfeed.trainer.loop.trackers import Trackers, open_trackers
 from packfeed.trainer.model.builder import build_model, flops_per_token, load_shards_from_rank0
+from packfeed.trainer.model.lora import LoraSettings, adapter_names, apply_lora, write_final_extras
 from packfeed.trainer.loop.optim import build_optimizer
 from packfeed.trainer.model.parallelize import (
     apply_activation_checkpointing,
@@ -115,11 +116,26 @@ def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int
     with trackers:
         step, stopped = _train_steps(run, runtime, trainee, start=start, output=output, pad_id=pad_id, trackers=trackers)
     if not stopped:
-        whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
-        if rank == 0:
-            save_final_model(trainee.model, output, step, state_dict=whole if is_sharded(trainee.model) else None)
+        _save_final(run, trainee, output=output, step=step, rank=rank, vocab_size=vocab_size)
     if rank == 0 and run.train.report_to:  # the final model's path (the launcher publishes it next); a stop: none
         trackers.finish(None if stopped else RunDir(output).final, summarize(read_jsonl(RunDir(output).metrics)))
+
+
+def _save_final(run: RunConfig, trainee: _Trainee, *, output: str, step: int, rank: int, vocab_size: int) -> None:
+    """The model after the last step, saved aside by rank 0 (every rank takes part in gathering
+    a sharded one); with ``[lora]`` the adapter as peft saves it, a tiny model's base and, with
+    ``merge``, the merged model beside it (trainer/model/lora.py)."""
+    whole = full_state_dict(trainee.model)  # a sharded model's: gathered on rank 0 (every rank takes part)
+    if rank != 0:
+        return
+    extras = None
+    if run.lora is not None:  # a tiny model's base, the merged model: beside the adapter
+        extras = functools.partial(write_final_extras, lora=run.lora, state_dict=whole, tiny=run.model.is_tiny,
+                                   build_base=lambda: build_model(run.model, vocab_size=vocab_size,
+                                                                  seed=run.train.seed))
+    with adapter_names(trainee.model):
+        save_final_model(trainee.model, output, step, state_dict=whole if is_sharded(trainee.model) else None,
+                         extras=extras)
 
 
 def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trainee, int]:
@@ -128,7 +144,7 @@ def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trai
     train, device = run.train, runtime.device
     model, reference = _build_models(run, vocab_size=vocab_size, device=device, rank=runtime.rank)
     to_inputs, accumulate = to_model_inputs, accumulate_gradients
-    if reference is not None:
+    if train.objective == "dpo":
         to_inputs = dpo_micro_batch
         accumulate = functools.partial(accumulate_dpo_gradients, reference=reference, loss=train.dpo_loss)
     accumulate = functools.partial(accumulate, chunk_tokens=train.loss_chunk_tokens)
@@ -292,6 +308,8 @@ def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) ->
     (trainer/model/parallelize.py); the frozen DPO reference, sharded the same way, or None). Under
     fsdp a pretrained model is read by rank 0 alone and every other rank receives its shards
     (``load_shards_from_rank0``); a tiny model is built whole on every rank, from the same seed.
+    With ``[lora]`` the model is a peft model (trainer/model/lora.py ``apply_lora``) and DPO's
+    "initial" reference is None: the policy with its adapter disabled (trainer/objective/dpo.py).
     Under ddp the model stays unwrapped here: a checkpoint loads into it first."""
     import torch
 
@@ -299,12 +317,16 @@ def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) ->
     fsdp = train.sharding == "fsdp"
     param_dtype = _autocast_dtype(train.precision, device) if fsdp else None
 
-    def build(config: Any, *, checkpointing: str) -> Any:
+    def build(config: Any, *, checkpointing: str, lora: LoraSettings | None = None) -> Any:
         streams = fsdp and not config.is_tiny  # rank 0 reads, the others receive shards
         model = build_model(config, vocab_size=vocab_size, device=device, seed=train.seed, empty=streams)
         whole = None
         if streams:
             whole = build_model(config, vocab_size=vocab_size, device="cpu", seed=train.seed) if rank == 0 else None
+        if lora is not None:  # before checkpointing and sharding wrap the layers; the same adapter on every rank
+            model = apply_lora(model, lora, seed=train.seed, frozen_dtype=_autocast_dtype(train.precision, device))
+            if whole is not None:
+                whole = apply_lora(whole, lora, seed=train.seed)
         apply_activation_checkpointing(model, checkpointing)
         if fsdp:
             apply_fsdp(model, param_dtype=param_dtype)
@@ -313,10 +335,12 @@ def _build_models(run: RunConfig, *, vocab_size: int, device: Any, rank: int) ->
             del whole
         return model
 
-    model = build(run.model, checkpointing=train.activation_checkpointing)
+    model = build(run.model, checkpointing=train.activation_checkpointing, lora=run.lora)
     reference = None
-    if train.objective == "dpo":  # built before a checkpoint loads into the policy: its initial weights
-        initial = train.dpo_reference == INITIAL_REFERENCE
+    initial = train.dpo_reference == INITIAL_REFERENCE
+    if train.objective == "dpo" and initial and run.lora is not None:
+        logger.info("DPO reference: %s with its LoRA adapter disabled (no second model)", run.model.name)
+    elif train.objective == "dpo":  # built before a checkpoint loads into the policy: its initial weights
         reference = build(run.model if initial else ModelConfig(name=train.dpo_reference, attn=run.model.attn),
                           checkpointing="off")
         reference.eval()
@@ -385,7 +409,7 @@ def _quiet_rank_logs(rank: int) -> None:
 
     if rank != 0:
         for name in ("packfeed.trainer.model.builder", "packfeed.trainer.model.attention", "packfeed.trainer.objective.dpo",
-                     "packfeed.trainer.model.memory_plan"):
+                     "packfeed.trainer.model.memory_plan", "packfeed.trainer.model.lora"):
             logging.getLogger(name).setLevel(logging.WARNING)
     hf_logging.disable_progress_bar()
 

@@ -3,8 +3,9 @@
 ``plan_memory(run)`` reads the model's config only (``config.json``; a tiny model's from
 ``tiny_config``), counts its parameters exactly on the meta device, and adds up what one worker
 holds at its peak for the run's ``[train] sharding``, ``activation_checkpointing``,
-``loss_chunk_tokens``, ``precision``, ``micro_batch_rows``, ``[scaling] num_workers`` and
-``[data] seq_len``. ``MemoryPlan.format()`` prints the table and one last line, ``fits: yes:
+``loss_chunk_tokens``, ``precision``, ``micro_batch_rows``, ``[scaling] num_workers``, ``[data]
+seq_len`` and ``[lora]`` (frozen weights at 2 B/param in bf16, states for the adapter only).
+``MemoryPlan.format()`` prints the table and one last line, ``fits: yes:
 ...`` or ``fits: no: ...; try <the cheapest change that fits>``. ``check_memory_plan`` is the
 same check before a run starts: a ValueError when the plan does not fit.
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from packfeed.service.face import load_tokenizer
+from packfeed.trainer.model.lora import adapter_parameters, check_targets
 from packfeed.trainer.run_config import DEFAULT_LOSS_CHUNK_TOKENS, INITIAL_REFERENCE, ModelConfig, RunConfig
 from packfeed.trainer.model.shape import ModelShape, model_shape
 
@@ -85,6 +87,7 @@ class Layout:
     bf16: bool
     objective: str = "sft"
     reference_params: int = 0  # dpo: the frozen reference's parameters
+    lora_params: int = 0  # [lora]: the adapter's (the only trained) parameters; 0: every weight trains
 
     @property
     def tokens(self) -> int:
@@ -147,7 +150,8 @@ class MemoryPlan:
         size_width = max(len(r[1]) for r in rows)
         lines = [f"memory plan of one train worker: {self.model}, {s.num_params / 1e9:.2f}B parameters ({layers})",
                  f"  micro-batch {lay.micro_batch_rows} row{plural} x {lay.seq_len:,} tokens, {sharding}, activation "
-                 f"checkpointing {lay.activation_checkpointing}, {loss}, {'bf16' if lay.bf16 else 'fp32'}", ""]
+                 f"checkpointing {lay.activation_checkpointing}, {loss}, {'bf16' if lay.bf16 else 'fp32'}"
+                 + (f", LoRA ({lay.lora_params / 1e6:,.1f}M trained parameters)" if lay.lora_params else ""), ""]
         for i, (name, size, note) in enumerate(rows):
             if i == len(self.terms):
                 lines.append("  " + "-" * (name_width + size_width + 2))
@@ -167,25 +171,10 @@ def estimate(shape: ModelShape, layout: Layout) -> tuple[tuple[str, int, str], .
     s, lay = shape, layout
     act = lay.activation_bytes
     fsdp = lay.sharding == "fsdp"
-    world = lay.num_workers if fsdp else 1
     # the residual stream, the layers' inputs: fp32 under autocast (ddp), whose linear layers
     # return bf16 but whose embeddings (fp32 weights) and residual adds stay fp32
-    stream = act if fsdp else FP32
-    terms: list[tuple[str, int, str]] = []
-    if fsdp:
-        terms.append(("sharded states", _ceil(STATE_BYTES * s.num_params, world),
-                      f"{STATE_BYTES} B/param (fp32 weights, grads, AdamW moments) / {_workers(world)}"))
-    else:
-        terms.append(("model states (not sharded)", STATE_BYTES * s.num_params,
-                      f"{STATE_BYTES} B/param (fp32 weights, grads, AdamW moments) on every worker"))
-        if lay.num_workers > 1:
-            terms.append(("DDP gradient buckets", DDP_BUCKET_BYTES * s.num_params, f"{DDP_BUCKET_BYTES} B/param"))
-        if lay.bf16:
-            terms.append(("autocast bf16 weight copies", AUTOCAST_COPY_BYTES * s.num_params,
-                          f"{AUTOCAST_COPY_BYTES} B/param, cached for the forward"))
-    if lay.reference_params:
-        terms.append(("DPO reference weights", _ceil(FP32 * lay.reference_params, world),
-                      f"4 B/param, frozen{f' / {_workers(world)}' if fsdp else ''}"))
+    stream = act if fsdp or lay.lora_params else FP32  # LoRA: the embeddings' frozen weights are bf16
+    terms = _weight_terms(s, lay)
     per_token = act * (8 * s.hidden + 2 * s.kv_dim + 4 * s.intermediate)
     layer = lay.tokens * per_token
     recompute = f"{lay.tokens:,} tokens x {act} B x (8 x {s.hidden:,} + 2 x {s.kv_dim:,} + 4 x {s.intermediate:,})"
@@ -214,6 +203,37 @@ def estimate(shape: ModelShape, layout: Layout) -> tuple[tuple[str, int, str], .
     terms.append(("overhead", int(OVERHEAD_FRACTION * subtotal) + OVERHEAD_BYTES,
                   f"{OVERHEAD_FRACTION:.0%} + {OVERHEAD_BYTES // GB} GB: runtime (CUDA context), allocator fragmentation"))
     return tuple(terms)
+
+
+def _weight_terms(s: ModelShape, lay: Layout) -> list[tuple[str, int, str]]:
+    """Weights, gradients, AdamW states (and DPO's reference) of one worker. With LoRA: the frozen
+    weights at the compute dtype's bytes, states for the adapter's r x (in + out) per linear."""
+    fsdp = lay.sharding == "fsdp"
+    world = lay.num_workers if fsdp else 1
+    over = f" / {_workers(world)}" if fsdp else " on every worker"
+    trained, adapter = lay.lora_params or s.num_params, " of the adapter" if lay.lora_params else ""
+    terms: list[tuple[str, int, str]] = []
+    if lay.lora_params:
+        weight = lay.activation_bytes
+        terms.append(("frozen weights" + ("" if fsdp else " (not sharded)"), _ceil(weight * s.num_params, world),
+                      f"{weight} B/param{over}"))
+        terms.append(("LoRA adapter states", _ceil(STATE_BYTES * trained, world),
+                      f"{STATE_BYTES} B x {trained / 1e6:,.1f}M adapter params{over}"))
+    elif fsdp:
+        terms.append(("sharded states", _ceil(STATE_BYTES * s.num_params, world),
+                      f"{STATE_BYTES} B/param (fp32 weights, grads, AdamW moments) / {_workers(world)}"))
+    else:
+        terms.append(("model states (not sharded)", STATE_BYTES * s.num_params,
+                      f"{STATE_BYTES} B/param (fp32 weights, grads, AdamW moments) on every worker"))
+    if not fsdp and lay.num_workers > 1:
+        terms.append(("DDP gradient buckets", DDP_BUCKET_BYTES * trained, f"{DDP_BUCKET_BYTES} B/param{adapter}"))
+    if not fsdp and lay.bf16:  # LoRA: the frozen weights are bf16 already, only the adapter is copied
+        terms.append(("autocast bf16 weight copies", AUTOCAST_COPY_BYTES * trained,
+                      f"{AUTOCAST_COPY_BYTES} B/param{adapter}, cached for the forward"))
+    if lay.reference_params:
+        terms.append(("DPO reference weights", _ceil(FP32 * lay.reference_params, world),
+                      f"4 B/param, frozen{f' / {_workers(world)}' if fsdp else ''}"))
+    return terms
 
 
 def total_bytes(shape: ModelShape, layout: Layout) -> int:
@@ -267,16 +287,20 @@ def layout_of(run: RunConfig, shape: ModelShape, *, on_gpu: bool) -> Layout:
     """The settings of ``run`` the terms depend on; dpo adds its frozen reference's parameters
     (the model's own for ``dpo_reference = "initial"``, else that model's config is read)."""
     train = run.train
-    reference = 0
+    reference, lora = 0, 0
+    if run.lora is not None:  # a listed target the model lacks is refused here, before any rank starts
+        check_targets(shape.linears, run.lora)
+        lora = adapter_parameters(shape.linears, run.lora, vocab=shape.vocab, hidden=shape.hidden)
     if train.objective == "dpo":
         initial = train.dpo_reference == INITIAL_REFERENCE
-        reference = (shape.num_params if initial else
+        # LoRA's initial reference is the model itself, its adapter disabled: no second copy
+        reference = (0 if initial and lora else shape.num_params if initial else
                      model_shape(ModelConfig(name=train.dpo_reference), vocab_size=shape.vocab).num_params)
     return Layout(sharding=train.sharding, activation_checkpointing=train.activation_checkpointing,
                   loss_chunk_tokens=train.loss_chunk_tokens, micro_batch_rows=train.micro_batch_rows,
                   grad_accum=train.grad_accum, seq_len=run.data.seq_len, num_workers=run.scaling.num_workers,
                   bf16=train.precision == "bf16" or (train.precision == "auto" and on_gpu),
-                  objective=train.objective, reference_params=reference)
+                  objective=train.objective, reference_params=reference, lora_params=lora)
 
 
 def advise(shape: ModelShape, layout: Layout, memory_bytes: int) -> str:

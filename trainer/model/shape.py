@@ -24,7 +24,9 @@ class ModelShape:
 
     ``num_layer_params``: the largest decoder layer's; ``num_root_params``: everything outside
     the decoder layers (embeddings, final norm, lm_head; tied embeddings counted once), so
-    ``num_params == num_root_params + the layers' sum``.
+    ``num_params == num_root_params + the layers' sum``. ``linears``: (name under the decoder,
+    in_features, out_features) of every linear layer of the decoder layers (what LoRA's
+    "all-linear" targets: trainer/model/lora.py ``adapter_parameters``).
     """
 
     hidden: int
@@ -35,7 +37,7 @@ class ModelShape:
     num_params: int
     num_layer_params: int
     num_root_params: int
-
+    linears: tuple[tuple[str, int, int], ...] = ()
 
 
 def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
@@ -57,6 +59,8 @@ def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
         raise ValueError(f"{type(model).__name__} has no decoder layers at get_decoder().layers: the memory plan "
                          "(and fsdp, activation checkpointing) need them")
     per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    linears = tuple((f"layers.{i}.{name}", module.in_features, module.out_features) for i, layer in enumerate(layers)
+                    for name, module in layer.named_modules() if isinstance(module, torch.nn.Linear))
     total = sum(p.numel() for p in model.parameters())  # a tied lm_head is the embedding: once
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -64,7 +68,7 @@ def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
                       intermediate=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
                       kv_dim=(getattr(text, "num_key_value_heads", None) or heads) * head_dim,
                       vocab=text.vocab_size, num_params=total, num_layer_params=max(per_layer),
-                      num_root_params=total - sum(per_layer))
+                      num_root_params=total - sum(per_layer), linears=linears)
 
 
 def _load_config(config: ModelConfig, vocab_size: int | None) -> Any:

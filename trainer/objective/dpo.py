@@ -7,7 +7,9 @@ log-probs, trainer/objective/loss_head.py, and ``segment_sums``: never the full 
 ``pair_logps`` gathers them per pair, so a pair's log-ratio is exactly what it would be run
 alone (tests/models/test_dpo_packed.py checks it, gradients too).
 
-The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/objective/dpo_loss.py.
+The losses (sigmoid, ipo) are ``DpoLoss``'s, in trainer/objective/dpo_loss.py. With ``[lora]``
+and ``dpo_reference = "initial"`` there is no reference model: the policy runs once more with its
+adapter disabled (``disable_adapter()``), i.e. as the frozen weights it started from.
 
 Normalisation, as the SFT step's (trainer/objective/step.py): the step's pairs are counted over every
 micro-batch and rank (one all_reduce) BEFORE any backward, and each micro-batch backpropagates
@@ -33,6 +35,7 @@ from packfeed.client.rows import PackedRows
 from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.objective.loss_head import trained_token_logps
 from packfeed.trainer.model.builder import build_model
+from packfeed.trainer.model.parallelize import unwrapped
 from packfeed.trainer.objective.step import StepResult, backward_micro_batches
 from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig
 
@@ -74,17 +77,20 @@ def accumulate_dpo_gradients(
 
     ``micro_batches``: this rank's ``dpo_micro_batch`` dicts on the model's device; every rank
     must pass the same number (DDP syncs on the last backward). ``reference``: the frozen model
-    (eval mode, no gradients). Returns the pair mean loss over the whole step (all ranks),
-    ``trained_tokens`` (the pairs' trained tokens, 0 when the step holds no pair), ``pairs`` and
-    the reward figures. ``chunk_tokens``: the loss head's chunk, for the policy and the
+    (eval mode, no gradients), or None for a LoRA policy (trainer/model/lora.py): the policy
+    itself with its adapter disabled, i.e. the frozen weights it started from. Returns the pair
+    mean loss over the whole step (all ranks), ``trained_tokens`` (the pairs' trained tokens, 0
+    when the step holds no pair), ``pairs`` and the reward figures. ``chunk_tokens``: the loss
+    head's chunk, for the policy and the
     reference alike (``batch_pair_logps``; 0: full logits). Cost: 2 all_reduces of a few
     scalars, a reference forward per micro-batch.
     """
     import torch
 
     def micro_loss(inputs: dict) -> tuple[Any, Any]:
-        with torch.no_grad():
-            ref = batch_pair_logps(reference, inputs, chunk_tokens=chunk_tokens)
+        frozen, view = _reference_view(model, reference)
+        with torch.no_grad(), view:
+            ref = batch_pair_logps(frozen, inputs, chunk_tokens=chunk_tokens)
         policy = batch_pair_logps(model, inputs, chunk_tokens=chunk_tokens)
         losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
         loss_sum = losses.sum()
@@ -104,6 +110,18 @@ def accumulate_dpo_gradients(
         rewards={"chosen": chosen / n, "rejected": rejected / n, "margin": (chosen - rejected) / n,
                  "accuracy": correct / n},
     )
+
+
+def _reference_view(model: Any, reference: Any) -> tuple[Any, Any]:
+    """(the module the reference log-probs come from, the context they are computed in): the
+    frozen ``reference``; None: the LoRA policy (the module a DDP wrapper holds: no gradient
+    sync for a forward without backward) under ``disable_adapter()``."""
+    import contextlib
+
+    if reference is not None:
+        return reference, contextlib.nullcontext()
+    policy = unwrapped(model)
+    return policy, policy.disable_adapter()
 
 
 def build_reference(model: Any, reference: str, *, vocab_size: int, device: Any, seed: int) -> Any:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from packfeed.client.rows import IGNORE_INDEX
+from packfeed.trainer.model.lora import base_model
 from packfeed.trainer.model.parallelize import unwrapped
 
 # Keys of a micro-batch dict that are not model inputs: the labels, and DPO's pair indices
@@ -115,18 +116,22 @@ class OutputHead:
 
 def output_head(model: Any) -> OutputHead:
     """The ``OutputHead`` of ``model`` (a Hugging Face CausalLM; a DDP wrapper's module; FSDP2
-    wraps in place). Read it AFTER the forward under FSDP2: the root's weights are then the
-    gathered ones. ValueError for a model whose forward is not in ``LOGIT_TRANSFORMS`` or whose
-    output embeddings are not a plain linear layer."""
+    wraps in place; a peft model's base, and a ``modules_to_save`` lm_head's active copy). Read
+    it AFTER the forward under FSDP2: the root's weights are then the gathered ones. ValueError
+    for a model whose forward is not in ``LOGIT_TRANSFORMS`` or whose output embeddings are not
+    a plain linear layer."""
     import torch.nn as nn
 
-    model = unwrapped(model)
+    model = base_model(unwrapped(model))
     forward_class = _forward_class(model)
     if forward_class not in LOGIT_TRANSFORMS:
         raise ValueError(
             f"the chunked loss head does not know what {forward_class}.forward does to its logits (it knows "
             f"{', '.join(sorted(LOGIT_TRANSFORMS))}): train it with loss_chunk_tokens = 0 (the full logits)")
     lm_head = model.get_output_embeddings()
+    if hasattr(lm_head, "original_module") and hasattr(lm_head, "modules_to_save"):  # peft's ModulesToSaveWrapper
+        disabled = lm_head.disable_adapters or not lm_head.active_adapters
+        lm_head = lm_head.original_module if disabled else lm_head.modules_to_save[lm_head.active_adapters[0]]
     # A subclass with its own forward (quantised, LoRA-wrapped) does not compute hidden @ W.T + b.
     if not isinstance(lm_head, nn.Linear) or type(lm_head).forward is not nn.Linear.forward:
         raise ValueError(f"{forward_class}'s output embeddings are a {type(lm_head).__name__}, not a plain linear "
@@ -165,7 +170,7 @@ def final_hidden_states(model: Any, kwargs: Mapping[str, Any]) -> Any:
     import torch
 
     device = kwargs["input_ids"].device
-    with _capture_output(unwrapped(model).get_decoder()) as captured:
+    with _capture_output(base_model(unwrapped(model)).get_decoder()) as captured:
         model(**kwargs, logits_to_keep=torch.empty(0, dtype=torch.long, device=device))
     if len(captured) != 1:
         raise RuntimeError(f"the decoder ran {len(captured)} times in one forward; the loss head expects once")

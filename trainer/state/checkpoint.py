@@ -15,6 +15,11 @@ Layout of one checkpoint directory, ``sharding = "ddp"`` (rank 0 writes it)::
                            parameters' names): .metadata + one __<rank>_0.distcp per rank
     scheduler.pt, trainer_state.json   as above (rank 0)
 
+With ``[lora]`` (trainer/model/lora.py) a checkpoint holds the adapter and its optimizer only,
+never the frozen weights (they are rebuilt from the model's config: the same weights):
+``model/`` is the peft model's ``save_pretrained`` (adapter_config.json +
+adapter_model.safetensors), ``sharded/`` the adapter's shards.
+
 A sharded checkpoint loads at any world size: each rank reads the pieces of its own shards
 (DCP reshards the weights and the AdamW moments). The two layouts do not load into each other:
 ``load_checkpoint`` says which sharding wrote a checkpoint.
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from packfeed.service.face import StorageError, display, download_dir, exists, find, is_remote, join, publish_dir, read_text
+from packfeed.trainer.model.lora import adapter_names, is_lora
 from packfeed.trainer.model.parallelize import is_sharded, unwrapped
 from packfeed.trainer.state.run_dir import RunDir, ray_storage
 
@@ -45,6 +51,7 @@ RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's list of the che
 CHECKPOINT_PREFIX = "checkpoint_"  # checkpoint_<step, 6 digits>: Ray Train's and torchrun's alike
 PARTIAL_PREFIX = ".partial-"  # a checkpoint being written (torchrun): not matched by checkpoint_* globs
 SHARDED_DIR = "sharded"  # a sharded (FSDP2) checkpoint's model and optimizer, torch.distributed.checkpoint
+ADAPTER_FILE = "adapter_model.safetensors"  # a LoRA checkpoint's model/ (peft's save_pretrained)
 
 
 def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: Any, state: dict | None) -> None:
@@ -59,10 +66,11 @@ def save_checkpoint(directory: Path, *, model: Any, optimizer: Any, scheduler: A
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(model, optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=_sharded_options(model))
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(directory / SHARDED_DIR))
     else:
-        model.save_pretrained(directory / "model")
+        with adapter_names(model):  # a peft model saves its adapter alone
+            model.save_pretrained(directory / "model")
         torch.save(optimizer.state_dict(), directory / "optimizer.pt")
     if state is not None:
         torch.save(scheduler.state_dict(), directory / "scheduler.pt")
@@ -92,16 +100,44 @@ def _load_sharded(directory: Path, model: Any, optimizer: Any) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    options = _sharded_options(model)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    dcp.load(state, checkpoint_id=str(directory))  # every key asked for must be in the checkpoint
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=options)
+
+
+def _sharded_options(model: Any) -> Any:
+    """DCP's state dict options: a LoRA model's trained parameters only (the frozen ones are not
+    saved, and not expected back: ``strict`` off for them alone, as every saved key is loaded)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if is_lora(model) else None
+
+
+def _load_adapter(directory: Path, model: Any) -> None:
+    """A LoRA checkpoint's adapter (``model/adapter_model.safetensors``) into the peft ``model``."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(directory / "model" / ADAPTER_FILE))
+    with adapter_names(model):
+        result = set_peft_model_state_dict(model, weights)
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    if result.unexpected_keys or len(weights) != len(trained):
+        raise ValueError(f"checkpoint {directory} holds another adapter: {len(weights)} tensors for {len(trained)} "
+                         f"trained parameters, unexpected {result.unexpected_keys[:5]}")
 
 
 def _load_whole(directory: Path, model: Any, optimizer: Any) -> None:
     import torch
     from safetensors.torch import load_file
 
+    if is_lora(model):
+        _load_adapter(directory, model)
+        optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        return
     # save_pretrained writes one model.safetensors, or shards listed in an index for large models.
     index = directory / "model" / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]

@@ -5,7 +5,7 @@ continue from.
   make of it (the checkpoint to resume from; a function that clears the previous run, called
   only once every other check has passed);
 * ``read_train_state``: a checkpoint's ``TrainState`` (trainer/state/train_state.py);
-* ``check_resume``: a checkpoint continues this run only on the same stream, model and objective;
+* ``check_resume``: a checkpoint continues this run only on the same stream, model, ``[lora]`` and objective;
 * ``finished``: a checkpoint with nothing left to train, and ``saved_summary``, what such a
   run wrote;
 * ``check_packed_dir``: a packed directory trains this run only if its rows fit it.
@@ -103,6 +103,10 @@ def check_resume(state: TrainState, run: RunConfig, *, packed: dict | None, plan
         if saved is not None and saved.get(field) != now.get(field):
             raise ValueError(f"the checkpoint holds model {field} {saved.get(field)!r}, this run's is {now.get(field)!r}: "
                              "resume with the same model, or start a new run (--overwrite)")
+    lora = (state.config or {}).get("lora")
+    if state.config is not None and lora != run.to_dict().get("lora"):
+        raise ValueError(f"the checkpoint trained [lora] {lora}, this run's is {run.to_dict().get('lora')}: resume with "
+                         "the same [lora] table (its checkpoints hold the adapter alone), or start a new run (--overwrite)")
     objective = state.objective
     if objective is not None and objective != run.train.objective:
         raise ValueError(f"the checkpoint trained objective {objective!r}, this run's is "

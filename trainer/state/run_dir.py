@@ -17,6 +17,9 @@ file                          written by                              on an obje
 ``tensorboard/``, ``mlruns/``, ``wandb/``  rank 0's trackers (loop/trackers.py)  (local outputs only)
 ============================  ======================================  =============================================
 
+With ``[lora]``, ``final/`` holds the adapter as peft saves it (adapter_config.json,
+adapter_model.safetensors), ``base/`` for a tiny model and ``merged/`` for ``merge = true``.
+
 ``RunDir`` names each of them once (and what ``--overwrite`` clears: everything but
 ``scan.npz``); a checkpoint's own name is ``checkpoint.checkpoint_name``.
 
@@ -35,7 +38,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from packfeed.service.face import (
     delete_prefix,
@@ -50,6 +53,8 @@ from packfeed.service.face import (
 )
 
 FINAL_STATE = "packfeed_state.json"  # {"step": the steps the final model trained}, in final/
+MERGED_DIR = "merged"  # final/merged/: a LoRA run's merged model ([lora] merge = true), with the tokenizer
+BASE_DIR = "base"  # final/base/: a LoRA run's base when it is a tiny model (random from the seed: on no hub)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,39 +159,49 @@ def path(output: str | Path, *names: str) -> str:
     return join(os.fspath(output), *names)
 
 
-def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: dict | None = None) -> None:
+def save_final_model(model: Any, output: str | Path, step: int, *, state_dict: dict | None = None,
+                     extras: Callable[[Path], None] | None = None) -> None:
     """The final model into ``<output>/.final.partial`` (emptied first: a group restarted by
     Ray Train may have left half a model there), ``FINAL_STATE`` last: it says the model is whole.
     ``state_dict``: the whole model's weights when ``model`` holds only a shard of them
-    (checkpoint.full_state_dict)."""
+    (checkpoint.full_state_dict); a peft model saves its adapter. ``extras(directory)``: writes
+    more into the final model's directory before ``FINAL_STATE`` (LoRA's ``base/`` and
+    ``merged/``: trainer/model/lora.py ``write_final_extras``)."""
     partial = RunDir(output).final_partial
     if not is_remote(partial):
         shutil.rmtree(partial, ignore_errors=True)
         model.save_pretrained(partial, state_dict=state_dict)
+        if extras is not None:
+            extras(Path(partial))
         Path(partial, FINAL_STATE).write_text(json.dumps({"step": step}))
         return
     delete_prefix(partial)
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
+        if extras is not None:
+            extras(Path(tmp))
         Path(tmp, FINAL_STATE).write_text(json.dumps({"step": step}))
         upload_dir(Path(tmp), partial, last=FINAL_STATE)
 
 
 def publish_final(output: str | Path, tokenizer: Any) -> int:
     """Complete the final model the workers wrote aside (``RunDir.final_partial``) with the tokenizer
-    and make it ``final/``, so a ``final/`` that exists is whole; returns its step count. On
+    (in ``merged/`` too when LoRA wrote one) and make it ``final/``, so a ``final/`` that exists
+    is whole; returns its step count. On
     disk a rename (a previous ``final/``, of a run stopped at ``stop_at_step`` and resumed, is
     renamed away first: deleted in place, it would be half a model for a while); on a store the
     old one's ``FINAL_STATE`` goes first, the new one's comes last."""
     run = RunDir(output)
     partial = run.final_partial
     step = int(json.loads(read_text(path(partial, FINAL_STATE)))["step"])
-    if is_remote(partial):
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.tokenizer.save_pretrained(tmp)
-            upload_dir(Path(tmp), partial)
-    else:
-        tokenizer.tokenizer.save_pretrained(partial)
+    merged = path(partial, MERGED_DIR)
+    for directory in (partial, merged) if read_text(path(merged, "config.json")) is not None else (partial,):
+        if is_remote(directory):
+            with tempfile.TemporaryDirectory() as tmp:
+                tokenizer.tokenizer.save_pretrained(tmp)
+                upload_dir(Path(tmp), directory)
+        else:
+            tokenizer.tokenizer.save_pretrained(directory)
     publish_dir(partial, run.final, marker=FINAL_STATE, old=run.file(RunDir.FINAL_OLD))
     return step
 
