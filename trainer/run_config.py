@@ -292,9 +292,6 @@ class RunConfig:
     lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
-        if self.eval is not None and self.train.objective != "sft":
-            raise ValueError("[eval] evaluates the token-mean loss of objective \"sft\"; the DPO eval (loss, reward "
-                             "margin, accuracy on held-out pairs) is not built yet: remove [eval] for a DPO run")
         if self.train.objective == "dpo":
             trains_prompts = [s.name for s in self.data.sources if self.data.source_loss(s) == "all"]
             if trains_prompts:

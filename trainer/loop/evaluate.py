@@ -8,12 +8,14 @@ one), so every rank runs the same number of forwards: FSDP2 gathers the weights 
 on every rank at once. ``max_rows`` keeps the first rows of the directory: a row past it is
 still computed (the ranks stay in step) but its labels are masked, so it counts for nothing.
 
-``evaluate`` runs the objective's own loss (``loss_figures``: the token losses of the trained
-targets, the chunked head when the run uses it) under ``torch.no_grad`` in eval mode, sums the
-figures of every micro-batch and every rank (one all_reduce) and returns the token mean over the
-whole eval set, and per source of the eval set (a row mixes sources: each token is attributed
-to the sample it belongs to). The loss of ``final/`` computed directly on the same rows is the
-same number (tests/integration/train/test_eval.py).
+``evaluate`` runs the objective's own loss under ``torch.no_grad`` in eval mode, sums the figures
+of every micro-batch and every rank (one all_reduce) and returns them as a record. SFT
+(``sft_objective``: ``loss_figures``, the token losses of the trained targets, the chunked head
+when the run uses it): the token mean over the whole eval set, and per source of the eval set (a
+row mixes sources: each token is attributed to the sample it belongs to); the loss of
+``final/`` computed directly on the same rows is the same number
+(tests/integration/train/test_eval.py). DPO (``dpo_objective``: ``dpo_figures``, against the
+run's reference): the pair-mean loss, reward margin and accuracy of the held-out pairs.
 
 Worked example, 2 ranks, micro_batch_rows 2, an eval set of 5 rows, max_rows 0: eval step 0
 gives rank 0 rows 0, 2 and rank 1 rows 1, 3; step 1 gives rank 0 row 4 and a padding row, rank 1
@@ -26,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import IGNORE_INDEX, PackedRows
@@ -111,15 +113,40 @@ def _first_rows(rows: PackedRows, max_rows: int) -> PackedRows:
     return dataclasses.replace(rows, labels=labels)
 
 
-def evaluate(model: Any, eval_set: EvalSet, *, device: Any, chunk_tokens: int, autocast_dtype: Any = None) -> dict:
-    """The eval record of ``model`` (module docstring; every rank calls it, a collective):
-    ``loss`` (the token mean over the whole eval set, all ranks), ``tokens`` (its trained
-    tokens), ``source_loss`` and ``source_tokens`` (per source of the eval set)."""
+@dataclass(frozen=True)
+class EvalObjective:
+    """What an evaluation computes per micro-batch, for the run's objective: ``to_inputs(rows,
+    device=)`` (the objective's micro-batch dict), ``figures(inputs, rows)`` (a 1-D float64
+    tensor of ``size`` sums), ``record(totals, names)`` (the eval record of their sums over the
+    whole eval set). ``sft_objective`` and ``dpo_objective`` build them."""
+
+    to_inputs: Callable[..., dict]
+    figures: Callable[[dict, PackedRows], Any]
+    size: Callable[[int], int]  # of the number of the eval set's sources
+    record: Callable[[Sequence[float], Sequence[str]], dict]
+
+
+def sft_objective(model: Any, *, chunk_tokens: int, first_ids: Sequence[int]) -> EvalObjective:
+    """The token-mean loss, per source of the eval set (``loss_figures``, ``eval_record``)."""
+    import torch
+
+    def figures(inputs: dict, rows: PackedRows) -> Any:
+        return loss_figures(model, inputs, chunk_tokens=chunk_tokens, num_sources=len(first_ids),
+                            token_sources=torch.from_numpy(source_tokens(rows, first_ids)))[1]
+
+    return EvalObjective(to_inputs=to_model_inputs, figures=figures, size=lambda sources: 2 + 2 * sources,
+                         record=lambda totals, names: eval_record(totals, names=names))
+
+
+def evaluate(model: Any, eval_set: EvalSet, objective: EvalObjective, *, device: Any, autocast_dtype: Any = None) -> dict:
+    """The eval record of ``model`` (module docstring; every rank calls it, a collective): for
+    SFT ``loss`` (the token mean over the whole eval set, all ranks), ``tokens`` (its trained
+    tokens), ``source_loss`` and ``source_tokens`` (per source of the eval set); for DPO the
+    pair means (``pair_means``: loss, pairs, reward margin and accuracy, ...)."""
     import torch
     import torch.distributed as dist
 
-    first_ids = [first for _, first in eval_set.sources]
-    totals = torch.zeros(2 + 2 * len(first_ids), dtype=torch.float64, device=device)
+    totals = torch.zeros(objective.size(len(eval_set.sources)), dtype=torch.float64, device=device)
     was_training = model.training
     model.eval()
     try:
@@ -127,15 +154,12 @@ def evaluate(model: Any, eval_set: EvalSet, *, device: Any, chunk_tokens: int, a
             for rows in eval_set.batches:
                 _, autocast = micro_batch_contexts(model, last=True, device=device, autocast_dtype=autocast_dtype)
                 with autocast:
-                    _, figures = loss_figures(model, to_model_inputs(rows, device=device), chunk_tokens=chunk_tokens,
-                                              token_sources=torch.from_numpy(source_tokens(rows, first_ids)),
-                                              num_sources=len(first_ids))
-                totals += figures.to(device)
+                    totals += objective.figures(objective.to_inputs(rows, device=device), rows).to(device)
     finally:
         model.train(was_training)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(totals)
-    return eval_record(totals.tolist(), names=[name for name, _ in eval_set.sources])
+    return objective.record(totals.tolist(), [name for name, _ in eval_set.sources])
 
 
 def eval_record(totals: Sequence[float], *, names: Sequence[str]) -> dict:

@@ -119,6 +119,8 @@ def progress_line(record: dict[str, Any], max_steps: int) -> str:
     """The line rank 0 prints for a record: the interval's figures, then its eval loss."""
     evaluated = record.get("eval")
     ev = f"  eval loss {evaluated['loss']:.4f}" if evaluated else ""
+    if evaluated and "reward_margin" in evaluated:
+        ev += f" (margin {evaluated['reward_margin']:+.4f}, accuracy {evaluated['reward_accuracy']:.0%})"
     if "loss" not in record:  # an evaluation alone (``train_records``)
         return f"step {record['step']:>5}/{max_steps}{ev}"
     mfu = f" mfu {record['mfu']:.1%}" if record.get("mfu") is not None else ""
@@ -179,7 +181,9 @@ def eval_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     best = min(evaluated, key=lambda e: e[1]["loss"])
     return {"eval": {"last_step": evaluated[-1][0], "last_loss": evaluated[-1][1]["loss"],
                      "best_step": best[0], "best_loss": best[1]["loss"],
-                     "last_source_loss": evaluated[-1][1].get("source_loss", {})}}
+                     "last_source_loss": evaluated[-1][1].get("source_loss", {}),
+                     **{f"last_{key}": evaluated[-1][1][key] for key in ("reward_margin", "reward_accuracy")
+                        if key in evaluated[-1][1]}}}
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:

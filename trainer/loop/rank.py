@@ -36,9 +36,9 @@ from packfeed.client.rows import PAD_SAMPLE_ID
 from packfeed.service.face import STOP, adopt_faults, fault_point
 from packfeed.trainer.state.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
 from packfeed.trainer.run_config import INITIAL_REFERENCE, ModelConfig, RunConfig
-from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch
+from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, check_pairs_trained, dpo_micro_batch, dpo_objective
 from packfeed.trainer.loop.mixture_hook import MixtureStep, call_hook, load_hook
-from packfeed.trainer.loop.evaluate import evaluate, load_eval_set
+from packfeed.trainer.loop.evaluate import evaluate, load_eval_set, sft_objective
 from packfeed.trainer.loop.interval import (
     MetricsWindow,
     append_jsonl,
@@ -85,7 +85,8 @@ def train_loop_per_worker(config: dict) -> None:
 class _Trainee:
     """One rank's model and what trains it: ``model`` as built (what checkpoints save),
     ``trained`` what the step runs (DDP-wrapped under ddp), the optimizer and schedule, the
-    objective's ``to_inputs`` and ``accumulate`` (trainer/objective/), the autocast dtype."""
+    objective's ``to_inputs`` and ``accumulate`` (trainer/objective/), the autocast dtype; DPO's
+    ``reference`` (the frozen model, None: none or the LoRA base), for ``[eval]``."""
 
     model: Any
     trained: Any
@@ -94,6 +95,7 @@ class _Trainee:
     to_inputs: Callable[..., Any]
     accumulate: Callable[..., Any]
     autocast: Any
+    reference: Any = None
 
 
 def train_rank(run: RunConfig, runtime: Runtime, *, output: str, vocab_size: int, pad_id: int) -> None:
@@ -157,7 +159,7 @@ def _set_up(run: RunConfig, runtime: Runtime, *, vocab_size: int) -> tuple[_Trai
     ddp = train.sharding == "ddp"
     trained = apply_sharding(model, "ddp", device=device) if ddp else model
     autocast = _autocast_dtype(train.precision, device) if ddp else None
-    return _Trainee(model, trained, optimizer, scheduler, to_inputs, accumulate, autocast), step
+    return _Trainee(model, trained, optimizer, scheduler, to_inputs, accumulate, autocast, reference), step
 
 
 def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: int, output: str,
@@ -260,14 +262,17 @@ def _evaluator(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, pad_id: i
         return lambda step, ended=False: None
     eval_set = load_eval_set(run.eval, seq_len=run.data.seq_len, rank=runtime.rank, world_size=runtime.world_size,
                              micro_rows=run.train.micro_batch_rows, pad_id=pad_id, capacity=run.feeder_buffer_rows)
+    chunk = run.train.loss_chunk_tokens
+    objective = (dpo_objective(trainee.model, reference=trainee.reference, loss=run.train.dpo_loss, chunk_tokens=chunk)
+                 if run.train.objective == "dpo" else
+                 sft_objective(trainee.model, chunk_tokens=chunk, first_ids=[first for _, first in eval_set.sources]))
     done: set[int] = set()
 
     def evaluate_at(step: int, ended: bool = False) -> dict | None:
         if step in done or not (ended or run.eval.due(step, run.train.last_step)):
             return None
         done.add(step)
-        return evaluate(trainee.model, eval_set, device=runtime.device, chunk_tokens=run.train.loss_chunk_tokens,
-                        autocast_dtype=trainee.autocast)
+        return evaluate(trainee.model, eval_set, objective, device=runtime.device, autocast_dtype=trainee.autocast)
 
     return evaluate_at
 

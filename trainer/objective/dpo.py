@@ -32,6 +32,7 @@ from typing import Any, Mapping, Sequence
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import PackedRows
+from packfeed.trainer.loop.evaluate import EvalObjective
 from packfeed.trainer.objective.dpo_loss import DpoLoss
 from packfeed.trainer.objective.loss_head import trained_token_logps
 from packfeed.trainer.model.builder import build_model
@@ -85,31 +86,50 @@ def accumulate_dpo_gradients(
     reference alike (``batch_pair_logps``; 0: full logits). Cost: 2 all_reduces of a few
     scalars, a reference forward per micro-batch.
     """
-    import torch
-
     def micro_loss(inputs: dict) -> tuple[Any, Any]:
-        frozen, view = _reference_view(model, reference)
-        with torch.no_grad(), view:
-            ref = batch_pair_logps(frozen, inputs, chunk_tokens=chunk_tokens)
-        policy = batch_pair_logps(model, inputs, chunk_tokens=chunk_tokens)
-        losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
-        loss_sum = losses.sum()
-        # loss, chosen reward, rejected reward, correct pairs, trained tokens: summed over the step
-        return loss_sum, torch.stack([
-            loss_sum.detach(), chosen_rewards.sum(), rejected_rewards.sum(),
-            (chosen_rewards > rejected_rewards).sum(), (policy["chosen_tokens"] + policy["rejected_tokens"]).sum(),
-        ])
+        return dpo_figures(model, inputs, reference=reference, loss=loss, chunk_tokens=chunk_tokens)
 
     local = sum(len(mb["chosen_segments"]) for mb in micro_batches)
     step_pairs, totals = backward_micro_batches(model, micro_batches, local_count=local, micro_loss=micro_loss,
                                                 autocast_dtype=autocast_dtype)
-    loss_total, chosen, rejected, correct, tokens = totals
-    n = max(step_pairs, 1)
+    figures = pair_means(totals)
     return StepResult(
-        loss=loss_total / n, trained_tokens=int(tokens) if step_pairs else 0, pairs=step_pairs,
-        rewards={"chosen": chosen / n, "rejected": rejected / n, "margin": (chosen - rejected) / n,
-                 "accuracy": correct / n},
+        loss=figures["loss"], trained_tokens=figures["tokens"], pairs=step_pairs,
+        rewards={name.removeprefix("reward_"): figures[name] for name in DPO_REWARDS},
     )
+
+
+DPO_REWARDS = ("reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy")
+
+
+def dpo_figures(model: Any, inputs: dict, *, reference: Any, loss: DpoLoss, chunk_tokens: int = 0) -> tuple[Any, Any]:
+    """(the micro-batch's summed pair losses, its figures: [loss sum, chosen reward sum, rejected
+    reward sum, pairs whose chosen reward is the higher, the pairs' trained tokens, pairs]) of
+    one ``dpo_micro_batch`` dict: the policy's log-probs against the reference's (no gradient).
+    Summed over micro-batches and ranks, ``pair_means`` turns the figures into the pair means."""
+    import torch
+
+    frozen, view = _reference_view(model, reference)
+    with torch.no_grad(), view:
+        ref = batch_pair_logps(frozen, inputs, chunk_tokens=chunk_tokens)
+    policy = batch_pair_logps(model, inputs, chunk_tokens=chunk_tokens)
+    losses, chosen_rewards, rejected_rewards = loss.pair_losses(policy, ref)
+    loss_sum = losses.sum()
+    return loss_sum, torch.stack([
+        loss_sum.detach(), chosen_rewards.sum(), rejected_rewards.sum(), (chosen_rewards > rejected_rewards).sum(),
+        (policy["chosen_tokens"] + policy["rejected_tokens"]).sum(),
+        torch.tensor(float(len(losses)), device=losses.device),
+    ]).double()
+
+
+def pair_means(totals: Sequence[float]) -> dict[str, Any]:
+    """The pair means of summed ``dpo_figures``: ``loss``, ``pairs``, ``tokens`` (0 without a
+    pair), ``reward_chosen``, ``reward_rejected``, ``reward_margin``, ``reward_accuracy``."""
+    loss_total, chosen, rejected, correct, tokens, pairs = totals
+    n = max(int(pairs), 1)
+    return {"loss": loss_total / n, "pairs": int(pairs), "tokens": int(tokens) if pairs else 0,
+            "reward_chosen": chosen / n, "reward_rejected": rejected / n, "reward_margin": (chosen - rejected) / n,
+            "reward_accuracy": correct / n}
 
 
 def _reference_view(model: Any, reference: Any) -> tuple[Any, Any]:
@@ -143,3 +163,15 @@ def check_pairs_trained(result: StepResult, rows: Sequence[PackedRows], step: in
     if result.pairs == 0 and any(r.num_real_tokens for r in rows):
         raise ValueError(f"objective = \"dpo\" but step {step} holds no preference pair: give inputs in a preference "
                          "format (prompt, chosen, rejected) or train with objective = \"sft\"")
+
+
+def dpo_objective(model: Any, *, reference: Any, loss: Any, chunk_tokens: int) -> EvalObjective:
+    """What ``[eval]`` computes under DPO (trainer/loop/evaluate.py): the pair-mean loss, reward
+    margin and accuracy of the held-out pairs (``dpo_figures``, against the run's ``reference``:
+    a frozen model, or None for the LoRA base)."""
+    def figures(inputs: dict, rows: PackedRows) -> Any:
+        return dpo_figures(model, inputs, reference=reference, loss=loss, chunk_tokens=chunk_tokens)[1]
+
+    return EvalObjective(to_inputs=dpo_micro_batch, figures=figures, size=lambda sources: 6,
+                         record=lambda totals, names: {**pair_means(totals),
+                                                       **({} if totals[5] else {"loss": float("nan")})})

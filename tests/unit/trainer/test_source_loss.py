@@ -183,3 +183,47 @@ def test_rows_past_max_rows_count_for_nothing():
     kept = _first_rows(rows, 12)
     assert (kept.labels[:2] == rows.labels[:2]).all() and (kept.labels[2:] == IGNORE_INDEX).all()
     assert _first_rows(rows, 0) is rows and _first_rows(rows, 100) is rows
+
+
+# ---- evaluate(): the objective's own figures, without gradients (single process) ----------------
+
+def test_sft_evaluation_gives_the_steps_token_mean_per_source_and_leaves_the_model_training(model):
+    from packfeed.trainer.loop.evaluate import EvalSet, evaluate, sft_objective
+
+    rows = [packed_rows(4), packed_rows(5)]
+    step = accumulate_gradients(model, [to_model_inputs(r) for r in rows], chunk_tokens=0, num_sources=3,
+                                token_sources=[torch.from_numpy(source_tokens(r, FIRST_IDS)) for r in rows])
+    model.zero_grad(set_to_none=True)
+    sources = [("a", 0), ("b", 4), ("c", 9)]
+    for chunk in (0, 5):
+        record = evaluate(model, EvalSet(batches=rows, sources=sources),
+                          sft_objective(model, chunk_tokens=chunk, first_ids=FIRST_IDS), device=torch.device("cpu"))
+        assert record["loss"] == pytest.approx(step.loss, rel=1e-6) and record["tokens"] == step.trained_tokens
+        assert record["source_tokens"] == dict(zip("abc", step.source_tokens))
+        assert [record["source_loss"][n] for n in "abc"] == pytest.approx(
+            [s / t for s, t in zip(step.source_sums, step.source_tokens)], rel=1e-6)
+        assert model.training and all(p.grad is None for p in model.parameters()), "no gradient, mode restored"
+
+
+def test_dpo_evaluation_gives_the_steps_pair_means():
+    from support.pair_rows import pack_pairs, random_pairs
+
+    from packfeed.trainer.loop.evaluate import EvalSet, evaluate
+    from packfeed.trainer.objective.dpo import accumulate_dpo_gradients, dpo_micro_batch, dpo_objective
+    from packfeed.trainer.objective.dpo_loss import DpoLoss
+
+    policy = build_model(ModelConfig(name="tiny-llama", attn="sdpa"), vocab_size=VOCAB, seed=1)
+    reference = build_model(ModelConfig(name="tiny-llama", attn="sdpa"), vocab_size=VOCAB, seed=2).eval()
+    rows = [pack_pairs(random_pairs(seed, 4, VOCAB), 64) for seed in (0, 1)]
+    loss = DpoLoss(beta=0.1)
+    step = accumulate_dpo_gradients(policy, [dpo_micro_batch(r) for r in rows], reference=reference, loss=loss)
+    policy.zero_grad(set_to_none=True)
+    record = evaluate(policy, EvalSet(batches=rows, sources=[]),
+                      dpo_objective(policy, reference=reference, loss=loss, chunk_tokens=0), device=torch.device("cpu"))
+    assert record["pairs"] == step.pairs == 8 and record["tokens"] == step.trained_tokens
+    assert record["loss"] == pytest.approx(step.loss, rel=1e-6)
+    assert record["reward_margin"] == pytest.approx(step.rewards["margin"], rel=1e-6, abs=1e-9)
+    assert record["reward_accuracy"] == step.rewards["accuracy"]
+    empty = evaluate(policy, EvalSet(batches=[packed_rows(0)], sources=[]),
+                     dpo_objective(policy, reference=reference, loss=loss, chunk_tokens=0), device=torch.device("cpu"))
+    assert empty["pairs"] == 0 and math.isnan(empty["loss"]), "no pair: no loss, not 0"
