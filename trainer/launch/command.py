@@ -28,6 +28,7 @@ from packfeed.service.face import (
     resolve_output,
 )
 from packfeed.trainer.model.memory_plan import plan_memory
+from packfeed.trainer.launch.prechecks import context_warning
 from packfeed.trainer.launch.ray_driver import train
 from packfeed.trainer.launch.torchrun import train_torchrun
 from packfeed.trainer.run_config import RunConfig
@@ -139,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     config = run_config_from_args(args, base)  # names the inputs, reads none of them
     if args.plan:  # [model], [train], [scaling] and seq_len only: no Ray, no data read
         plan = plan_memory(config)
-        print(plan.format(), flush=True)
+        longer = context_warning(plan.shape.config, seq_len=config.data.seq_len, name=config.model.name)
+        if longer:
+            print(f"WARNING {longer}", flush=True)
+        print(plan.format(), flush=True)  # its last line is the verdict
         return 0 if plan.fits else 2
     directory = base.get("output", {}).get("dir", "runs/train")
     if not isinstance(directory, str) or not directory:

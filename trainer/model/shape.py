@@ -9,7 +9,7 @@ weights read), so the counts are the real model's for any family transformers kn
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packfeed.service.face import hub_kwargs
@@ -38,6 +38,7 @@ class ModelShape:
     num_layer_params: int
     num_root_params: int
     linears: tuple[tuple[str, int, int], ...] = ()
+    config: Any = field(default=None, compare=False, repr=False)  # the transformers config read (its context)
 
 
 def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
@@ -68,7 +69,7 @@ def model_shape(config: Any, *, vocab_size: int | None = None) -> ModelShape:
                       intermediate=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
                       kv_dim=(getattr(text, "num_key_value_heads", None) or heads) * head_dim,
                       vocab=text.vocab_size, num_params=total, num_layer_params=max(per_layer),
-                      num_root_params=total - sum(per_layer), linears=linears)
+                      num_root_params=total - sum(per_layer), linears=linears, config=text)
 
 
 def _load_config(config: ModelConfig, vocab_size: int | None) -> Any:

@@ -94,3 +94,17 @@ def test_a_gpu_memory_that_no_gpu_has_is_refused(memory):
     with pytest.raises(ValueError, match="gpu_memory_gb"):
         TrainScaling(gpu_memory_gb=memory)
     assert TrainScaling(gpu_memory_gb=141).gpu_memory_gb == 141
+
+
+def test_the_plan_says_when_rows_are_longer_than_the_models_context(tmp_path, capsys):
+    from packfeed.service.assets import demo_tokenizer_path
+    from packfeed.service.cli import run_command
+
+    config = tmp_path / "run.toml"
+    for seq_len, warned in ((1024, False), (2048, True)):  # tiny-llama's context: 1,024
+        config.write_text(f'[data]\ninputs = ["nowhere/*.jsonl"]\ntokenizer = "{demo_tokenizer_path()}"\n'
+                          f'seq_len = {seq_len}\n[model]\nname = "tiny-llama"\n')
+        assert run_command(["train", "--plan", "--config", str(config)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1].startswith("fits: yes")
+        assert any(line.startswith("WARNING seq_len 2,048 is longer than tiny-llama's context") for line in out) == warned
