@@ -44,25 +44,33 @@ class CursorOutOfRange(ValueError):
 class StepRows:
     """The rows one rank receives at one step.
 
-    ``rows``: the real global row indices, a strided range (step world_size).
-    ``num_padding``: all-padding rows that follow them to make ``batch_rows``.
+    ``rows``: the real global row indices, in batch order: a strided range (step world_size)
+    with balance "off", a tuple with "compute" (balance.py).
+    ``num_padding``: all-padding rows that make ``batch_rows``: after the real rows with "off".
     ``cursor``: rows of the global stream consumed after this step (the resume point).
+    ``order``: with "compute", every index of the batch in batch order, padding rows' included
+    (their indices >= T); None with "off".
     """
 
     step: int
-    rows: range
+    rows: range | tuple[int, ...]
     num_padding: int
     cursor: int
+    order: tuple[int, ...] | None = None
 
     @property
     def indices(self) -> np.ndarray:
         """int64 [B]: all row indices of the batch, padding rows continuing the stride past T."""
+        if self.order is not None:
+            return np.array(self.order, dtype=np.int64)
         b = len(self.rows) + self.num_padding
         return self.rows.start + self.rows.step * np.arange(b, dtype=np.int64)
 
     @property
     def padding_mask(self) -> np.ndarray:
-        """bool [B]: True for the all-padding rows (always at the end of the batch)."""
+        """bool [B]: True for the all-padding rows (at the end of the batch with "off")."""
+        if self.order is not None:
+            return ~np.isin(self.indices, np.array(self.rows, dtype=np.int64))
         mask = np.zeros(len(self.rows) + self.num_padding, dtype=bool)
         mask[len(self.rows) :] = True
         return mask
@@ -141,7 +149,8 @@ def fill_batch(
     real: PackedRows | None, assignment: StepRows, seq_len: int, pad_id: int
 ) -> tuple[PackedRows, np.ndarray]:
     """The batch for ``assignment``: its real rows (``real``, in assignment order; None when it
-    has none) followed by its padding rows. Returns (rows, padding mask bool [B]).
+    has none) and its padding rows, in batch order (the padding last with balance "off").
+    Returns (rows, padding mask bool [B]).
     """
     n_real = len(assignment.rows)
     got = 0 if real is None else real.num_rows
@@ -149,6 +158,12 @@ def fill_batch(
         raise ValueError(f"step {assignment.step} has {n_real} real rows, got {got}")
     if assignment.num_padding == 0:
         return real, assignment.padding_mask
-    pad = padding_rows(assignment.num_padding, seq_len, pad_id, assignment.indices[n_real:])
+    mask = assignment.padding_mask
+    pad = padding_rows(assignment.num_padding, seq_len, pad_id, assignment.indices[mask])
     rows = pad if real is None else concat_rows([real, pad])
-    return rows, assignment.padding_mask
+    if assignment.order is not None:  # real rows then padding rows, put in batch order
+        place = np.empty(len(mask), dtype=np.int64)
+        place[np.flatnonzero(~mask)] = np.arange(n_real)
+        place[np.flatnonzero(mask)] = n_real + np.arange(assignment.num_padding)
+        rows = select_rows(rows, place)
+    return rows, mask
