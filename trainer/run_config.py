@@ -30,6 +30,7 @@ from packfeed.trainer.model.tiny import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 SHARDINGS = ("ddp", "fsdp")
+BALANCES = ("off", "compute")  # [train] balance (service/delivery/balance.py)
 ACTIVATION_CHECKPOINTING = ("off", "full", "offload")
 DEFAULT_LOSS_CHUNK_TOKENS = 1024  # x a 152k vocabulary: 0.6 GB of fp32 logits a chunk, ~1.9 GB with log-softmax and gradient
 OBJECTIVES = ("sft", "dpo")
@@ -108,6 +109,10 @@ class TrainConfig:
     those inputs in pinned host memory). ``loss_chunk_tokens``: the loss head projects the
     trained positions' hidden states onto the vocabulary this many tokens at a time, never the
     whole row's logits (0: the full logits, as Hugging Face's loss does).
+
+    ``balance``: which rank trains which row of a step: "off", rank k of N the rows k mod N;
+    "compute", the same rows given out so that each micro-batch's ranks hold the same attention
+    work (service/delivery/balance.py, docs/training.md).
     """
 
     max_steps: int = 100
@@ -137,9 +142,11 @@ class TrainConfig:
     sharding: str = "ddp"
     activation_checkpointing: str = "off"
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
+    balance: str = "off"
 
     def __post_init__(self) -> None:
-        for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
+        for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING),
+                              ("balance", BALANCES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
         _check_int("loss_chunk_tokens", self.loss_chunk_tokens, minimum=0)
