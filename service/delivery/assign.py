@@ -18,13 +18,21 @@ IGNORE_INDEX, one segment with sample id PAD_SAMPLE_ID) so every rank gets the s
 steps, ceil((T - c) / (N*B)), and nobody waits for a batch that never comes. A padding row
 keeps the index it would have had (>= T), so indices stay unique.
 
+That rule is ``balance = "off"`` (the default). With ``balance = "compute"`` (balance.py) the
+step covers the same N*B rows, the cursor and the padding rows are the same, but which rank
+(and which of its grad_accum micro-batches) gets which row is decided by the rows' attention
+work, a deterministic function of the step's rows and (N, B, grad_accum): each rank's
+``StepRows.rows`` is then a tuple in batch order and ``order`` lists the batch's indices, its
+padding rows' among them. So the ranks are still disjoint and together get every row of the
+step exactly once, and a resume from the cursor at any (N, B) is exact.
+
 Worked example, N=2, B=3, c=0, T=9: step 0 covers rows 0..5 (rank 0: 0 2 4, rank 1: 1 3 5),
 cursor 6; step 1 covers 6..11 (rank 0: 6 8 + one padding row, rank 1: 7 + two padding
 rows), cursor 9 == T, the end. Resuming at cursor 6 with N=3, B=1: rank 0 gets 6, rank 1 7,
 rank 2 8: exactly the rows not yet delivered.
 
 Imports only the standard library, numpy and packfeed.client: no gRPC, no Ray. Cost: O(1) per
-step for the index ranges, O(B*L) to build padding rows.
+step for the index ranges, O(B*L) to build padding rows (balance "compute": balance.py).
 """
 
 from __future__ import annotations
