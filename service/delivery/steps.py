@@ -25,8 +25,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from packfeed.client.cost import attention_work
-from packfeed.client.rows import PackedRows, select_rows
+from packfeed.client.rows import PackedRows, concat_rows, select_rows
 from packfeed.service.delivery.assign import StepRows, fill_batch, num_steps, step_rows
 from packfeed.service.delivery.balance import balanced_step
 from packfeed.service.delivery.hub import Consumer
@@ -55,7 +54,7 @@ def rank_batch(
     """Rank ``rank``'s batch of ``step`` (0-based, counted from ``cursor``), None when the stream
     ends before it. Blocks until the hub holds its rows. CursorOutOfRange when the stream turns
     out to end before ``cursor``. ``balance`` "compute": the step's rows by balance.py, over
-    ``grad_accum`` micro-batches of the rank's B rows (the hub reads all N*B rows of the step)."""
+    ``grad_accum`` micro-batches of the rank's B rows (weighed from the hub's segment lengths)."""
     if balance == "compute":
         return _balanced_batch(consumer, rank=rank, world_size=world_size, batch_rows=batch_rows, cursor=cursor,
                                step=step, seq_len=seq_len, pad_id=pad_id, grad_accum=grad_accum)
@@ -73,20 +72,34 @@ def _balanced_batch(
     consumer: Consumer, *, rank: int, world_size: int, batch_rows: int, cursor: int, step: int, seq_len: int,
     pad_id: int, grad_accum: int,
 ) -> RankBatch | None:
-    """``rank_batch`` with balance "compute": the step's rows read as one batch, weighed, and
-    the rank's taken by ``balanced_step`` (every rank computes the same assignment)."""
+    """``rank_batch`` with balance "compute": the step's rows weighed (their attention work
+    alone: no token copied), the rank's taken by ``balanced_step`` (every rank computes the same
+    assignment, cached), then read: B rows, as with "off"."""
     per_step = world_size * batch_rows
     whole = step_rows(0, 1, per_step, cursor, step)
-    real, total = consumer.rows(whole.rows, through=whole.cursor - 1)
+    work, total = consumer.work(whole.rows, through=whole.cursor - 1)
     if total is not None:
         if step >= num_steps(world_size, batch_rows, cursor, total):  # CursorOutOfRange past the end
             return None
         whole = step_rows(0, 1, per_step, cursor, step, total)
-    wanted = balanced_step(whole, attention_work(real), rank=rank, world_size=world_size, grad_accum=grad_accum,
-                           seq_len=seq_len)
-    mine = select_rows(real, np.array(wanted.rows, dtype=np.int64) - whole.rows.start) if wanted.rows else None
+    wanted = balanced_step(whole, work, rank=rank, world_size=world_size, grad_accum=grad_accum, seq_len=seq_len)
+    mine = _read(consumer, wanted.rows)
     rows, padding = fill_batch(mine, wanted, seq_len, pad_id)
     return RankBatch(rows, padding, wanted, 0 if mine is None else mine.num_real_tokens)
+
+
+def _read(consumer: Consumer, rows: tuple[int, ...]) -> PackedRows | None:
+    """Rows ``rows`` (any order) from the hub, in that order: one read per run of consecutive
+    indices, lowest first (a consumer's reads move up, so nothing it still needs is dropped).
+    Rows 9 4 5: reads 4..5 then 9, returned as 9 4 5."""
+    if not rows:
+        return None
+    ordered = sorted(rows)
+    cuts = [0, *[i for i in range(1, len(ordered)) if ordered[i] != ordered[i - 1] + 1], len(ordered)]
+    parts = [consumer.rows(range(ordered[a], ordered[b - 1] + 1))[0] for a, b in zip(cuts, cuts[1:])]
+    got = parts[0] if len(parts) == 1 else concat_rows(parts)
+    place = {row: i for i, row in enumerate(ordered)}
+    return select_rows(got, [place[row] for row in rows])
 
 
 class Deliveries:

@@ -25,6 +25,7 @@ from packfeed.client.rows import PAD_SAMPLE_ID, PackedRows
 from packfeed.service.delivery.assign import num_steps, step_rows
 from packfeed.service.delivery.balance import balanced_cells, check_balance
 from packfeed.service.delivery.feeder import RowFeeder
+from packfeed.service.delivery.hub import RowHub
 from packfeed.service.delivery.manifest import Manifest
 
 SEQ_LEN, PAD_ID, HASH = 16, 0, "cafe"
@@ -217,3 +218,15 @@ def test_feeder_compute_resume_at_another_world_size_is_exact(world2, accum2, mi
 
 def test_attention_work_of_the_synthetic_rows():
     assert attention_work(rows_of(0, 3)).tolist() == [256.0, 54.0, 54.0]
+
+
+def test_the_hubs_work_is_the_rows_attention_work_without_serving_them():
+    hub = RowHub(open_reader, Manifest("synthetic"), capacity=128, poll_s=0.01)
+    try:
+        with hub.consumer() as consumer:
+            work, _ = consumer.work(range(3, 17))  # across windows (7, 5, then 9 rows)
+            assert hub.rows_served == 0
+            rows, _ = consumer.rows(range(3, 17))
+            assert work.tolist() == attention_work(rows).tolist() == [work_of(r) for r in range(3, 17)]
+    finally:
+        hub.close()
