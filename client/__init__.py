@@ -5,7 +5,14 @@ Light dependencies (numpy; grpcio for the stream). Imports nothing else of packf
 packfeed.client`` works without torch.
 """
 
-from packfeed.client.cost import DEFAULT_RATIO, attention_ratio, balance_of, row_costs, step_balance
+from packfeed.client.cost import (
+    DEFAULT_RATIO,
+    attention_ratio,
+    balance_of,
+    micro_batch_cost,
+    row_costs,
+    step_balance,
+)
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
 from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import (
@@ -33,6 +40,7 @@ __all__ = [
     "DEFAULT_RATIO",
     "attention_ratio",
     "balance_of",
+    "micro_batch_cost",
     "row_costs",
     "step_balance",
     "COLUMN_DTYPES",
