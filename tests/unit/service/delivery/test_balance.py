@@ -180,7 +180,8 @@ def work_of(row: int) -> float:
 @pytest.mark.parametrize("world,accum,micro", [(2, 1, 2), (3, 2, 1), (4, 1, 3), (2, 2, 2), (1, 3, 2), (5, 1, 1)])
 def test_feeder_compute_delivers_the_steps_of_off_exactly_once(world, accum, micro):
     steps = num_steps(world, accum * micro, 0, TOTAL)
-    off, on = served(feeder(world, accum, micro, "off"), 0, steps + 1), served(feeder(world, accum, micro, "compute"), 0, steps + 1)
+    off = served(feeder(world, accum, micro, "off"), 0, steps + 1)
+    on = served(feeder(world, accum, micro, "compute"), 0, steps + 1)
     every = []
     for step in range(steps):
         ours = [r for rank in range(world) for mb in on[(step, rank)] for r in mb]
