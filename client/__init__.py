@@ -5,6 +5,14 @@ Light dependencies (numpy; grpcio for the stream). Imports nothing else of packf
 packfeed.client`` works without torch.
 """
 
+from packfeed.client.cost import (
+    DEFAULT_RATIO,
+    attention_ratio,
+    balance_of,
+    micro_batch_cost,
+    row_costs,
+    step_balance,
+)
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs
 from packfeed.client.pair_logps import pair_logps, pair_segments, segment_logps, segment_sums
 from packfeed.client.rows import (
@@ -29,6 +37,12 @@ from packfeed.client.state import STATE_VERSION, StreamState
 from packfeed.client.stream import Batch, PackedStream, SourceInfo, StreamError, StreamInfo
 
 __all__ = [
+    "DEFAULT_RATIO",
+    "attention_ratio",
+    "balance_of",
+    "micro_batch_cost",
+    "row_costs",
+    "step_balance",
     "COLUMN_DTYPES",
     "IGNORE_INDEX",
     "PAD_SAMPLE_ID",

@@ -33,6 +33,7 @@ from packfeed.trainer.model.tiny import TINY_FAMILIES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 SHARDINGS = ("ddp", "fsdp")
+BALANCES = ("off", "compute")  # [train] balance (service/delivery/balance.py)
 ACTIVATION_CHECKPOINTING = ("off", "full", "offload")
 MAX_GPU_MEMORY_GB = 1024  # [scaling] gpu_memory_gb above this is a unit mistake (bytes, MB), not a GPU
 DEFAULT_LOSS_CHUNK_TOKENS = 1024  # x a 152k vocabulary: 0.6 GB of fp32 logits a chunk, ~1.9 GB with log-softmax and gradient
@@ -115,6 +116,10 @@ class TrainConfig:
     those inputs in pinned host memory). ``loss_chunk_tokens``: the loss head projects the
     trained positions' hidden states onto the vocabulary this many tokens at a time, never the
     whole row's logits (0: the full logits, as Hugging Face's loss does).
+
+    ``balance``: which rank trains which row of a step: "off", rank k of N the rows k mod N;
+    "compute", the same rows given out so that each micro-batch's ranks hold the same attention
+    work (service/delivery/balance.py, docs/training.md).
     """
 
     max_steps: int = 100
@@ -145,10 +150,12 @@ class TrainConfig:
     activation_checkpointing: str = "off"
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
     report_to: tuple[str, ...] = ()
+    balance: str = "off"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "report_to", report_to_names(self.report_to))
-        for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING)):
+        for name, choices in (("sharding", SHARDINGS), ("activation_checkpointing", ACTIVATION_CHECKPOINTING),
+                              ("balance", BALANCES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
         _check_int("loss_chunk_tokens", self.loss_chunk_tokens, minimum=0)

@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="rows held for the consumers reading together (memory bound; >= 2 x world_size x batch_rows); "
                           "far-behind consumers get a catch-up cache of as many")
     net.add_argument("--max-batch-rows", type=int, default=256, help="largest batch_rows a client may ask for")
+    net.add_argument("--balance", choices=("off", "compute"), default="off",
+                     help="which rank of a step gets which row: off, rank k of N the rows k mod N; compute, each "
+                          "rank the same attention work (docs/serve.md)")
+    net.add_argument("--micro-batches", type=int, default=1,
+                     help="with --balance compute: the micro-batches each consumer splits its batch into (gradient "
+                          "accumulation), each balanced on its own; batch_rows must be a multiple")
     net.add_argument("--max-consumers", type=int, default=64,
                      help="concurrent streams; more get RESOURCE_EXHAUSTED (Describe and health are never refused)")
     net.add_argument("--idle-timeout-seconds", type=float, default=120.0,
@@ -113,7 +119,7 @@ def check_args(args: argparse.Namespace, token: str | None) -> None:
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise ValueError(f"--metrics-port must be in 0..65535, got {args.metrics_port}")
     for flag, value, low in (("--max-consumers", args.max_consumers, 1), ("--max-batch-rows", args.max_batch_rows, 1),
-                             ("--buffer-rows", args.buffer_rows, 128)):
+                             ("--buffer-rows", args.buffer_rows, 128), ("--micro-batches", args.micro_batches, 1)):
         if value < low:
             raise ValueError(f"{flag} must be >= {low}, got {value}")
     for flag, value in (("--grace-seconds", args.grace_seconds), ("--idle-timeout-seconds", args.idle_timeout_seconds),
@@ -170,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServeOptions(
         state_dir=state_dir, host=args.host, port=args.port, token=token, tls=tls, buffer_rows=args.buffer_rows,
         max_batch_rows=args.max_batch_rows, max_consumers=args.max_consumers,
+        balance=args.balance, micro_batches=args.micro_batches,
         idle_timeout_s=args.idle_timeout_seconds, grace_s=args.grace_seconds, progress_s=args.progress_seconds,
         exit_on_failure=args.exit_on_failure, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         debug=args.debug,

@@ -18,13 +18,21 @@ IGNORE_INDEX, one segment with sample id PAD_SAMPLE_ID) so every rank gets the s
 steps, ceil((T - c) / (N*B)), and nobody waits for a batch that never comes. A padding row
 keeps the index it would have had (>= T), so indices stay unique.
 
+That rule is ``balance = "off"`` (the default). With ``balance = "compute"`` (balance.py) the
+step covers the same N*B rows, the cursor and the padding rows are the same, but which rank
+(and which of its grad_accum micro-batches) gets which row is decided by the rows' attention
+work, a deterministic function of the step's rows and (N, B, grad_accum): each rank's
+``StepRows.rows`` is then a tuple in batch order and ``order`` lists the batch's indices, its
+padding rows' among them. So the ranks are still disjoint and together get every row of the
+step exactly once, and a resume from the cursor at any (N, B) is exact.
+
 Worked example, N=2, B=3, c=0, T=9: step 0 covers rows 0..5 (rank 0: 0 2 4, rank 1: 1 3 5),
 cursor 6; step 1 covers 6..11 (rank 0: 6 8 + one padding row, rank 1: 7 + two padding
 rows), cursor 9 == T, the end. Resuming at cursor 6 with N=3, B=1: rank 0 gets 6, rank 1 7,
 rank 2 8: exactly the rows not yet delivered.
 
 Imports only the standard library, numpy and packfeed.client: no gRPC, no Ray. Cost: O(1) per
-step for the index ranges, O(B*L) to build padding rows.
+step for the index ranges, O(B*L) to build padding rows (balance "compute": balance.py).
 """
 
 from __future__ import annotations
@@ -44,25 +52,33 @@ class CursorOutOfRange(ValueError):
 class StepRows:
     """The rows one rank receives at one step.
 
-    ``rows``: the real global row indices, a strided range (step world_size).
-    ``num_padding``: all-padding rows that follow them to make ``batch_rows``.
+    ``rows``: the real global row indices, in batch order: a strided range (step world_size)
+    with balance "off", a tuple with "compute" (balance.py).
+    ``num_padding``: all-padding rows that make ``batch_rows``: after the real rows with "off".
     ``cursor``: rows of the global stream consumed after this step (the resume point).
+    ``order``: with "compute", every index of the batch in batch order, padding rows' included
+    (their indices >= T); None with "off".
     """
 
     step: int
-    rows: range
+    rows: range | tuple[int, ...]
     num_padding: int
     cursor: int
+    order: tuple[int, ...] | None = None
 
     @property
     def indices(self) -> np.ndarray:
         """int64 [B]: all row indices of the batch, padding rows continuing the stride past T."""
+        if self.order is not None:
+            return np.array(self.order, dtype=np.int64)
         b = len(self.rows) + self.num_padding
         return self.rows.start + self.rows.step * np.arange(b, dtype=np.int64)
 
     @property
     def padding_mask(self) -> np.ndarray:
-        """bool [B]: True for the all-padding rows (always at the end of the batch)."""
+        """bool [B]: True for the all-padding rows (at the end of the batch with "off")."""
+        if self.order is not None:
+            return ~np.isin(self.indices, np.array(self.rows, dtype=np.int64))
         mask = np.zeros(len(self.rows) + self.num_padding, dtype=bool)
         mask[len(self.rows) :] = True
         return mask
@@ -141,7 +157,8 @@ def fill_batch(
     real: PackedRows | None, assignment: StepRows, seq_len: int, pad_id: int
 ) -> tuple[PackedRows, np.ndarray]:
     """The batch for ``assignment``: its real rows (``real``, in assignment order; None when it
-    has none) followed by its padding rows. Returns (rows, padding mask bool [B]).
+    has none) and its padding rows, in batch order (the padding last with balance "off").
+    Returns (rows, padding mask bool [B]).
     """
     n_real = len(assignment.rows)
     got = 0 if real is None else real.num_rows
@@ -149,6 +166,12 @@ def fill_batch(
         raise ValueError(f"step {assignment.step} has {n_real} real rows, got {got}")
     if assignment.num_padding == 0:
         return real, assignment.padding_mask
-    pad = padding_rows(assignment.num_padding, seq_len, pad_id, assignment.indices[n_real:])
+    mask = assignment.padding_mask
+    pad = padding_rows(assignment.num_padding, seq_len, pad_id, assignment.indices[mask])
     rows = pad if real is None else concat_rows([real, pad])
-    return rows, assignment.padding_mask
+    if assignment.order is not None:  # real rows then padding rows, put in batch order
+        place = np.empty(len(mask), dtype=np.int64)
+        place[np.flatnonzero(~mask)] = np.arange(n_real)
+        place[np.flatnonzero(mask)] = n_real + np.arange(assignment.num_padding)
+        rows = select_rows(rows, place)
+    return rows, mask

@@ -15,9 +15,10 @@ import bisect
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
+from packfeed.client.cost import attention_work
 from packfeed.client.rows import PackedRows, concat_rows, renumber_rows, select_rows
 from packfeed.service.delivery.manifest import Manifest
 
@@ -39,17 +40,28 @@ def gather(pieces: list[Piece], want: range) -> PackedRows | None:
     """Rows ``want`` from ``pieces`` (sorted, covering them) in order; None for no rows."""
     if len(want) == 0:
         return None
+    parts = [select_rows(piece.rows, positions) for piece, positions in _runs(pieces, want)]
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
+
+
+def gather_work(pieces: list[Piece], want: range) -> np.ndarray:
+    """float64 [len(want)]: the attention work (client/cost.py) of rows ``want``, read from the
+    pieces' segment lengths alone: no token is copied (balance "compute" weighs a whole step)."""
+    parts = [attention_work(piece.rows)[positions] for piece, positions in _runs(pieces, want)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _runs(pieces: list[Piece], want: range) -> Iterator[tuple[Piece, np.ndarray]]:
+    """(piece, positions in it) of the rows ``want``, in order."""
     starts = [p.start for p in pieces]
-    parts = []
     indices = np.arange(want.start, want.stop, want.step, dtype=np.int64)
     i = 0
     while i < len(indices):
         k = bisect.bisect_right(starts, int(indices[i])) - 1
         piece = pieces[k]
         j = int(np.searchsorted(indices, piece.end))
-        parts.append(select_rows(piece.rows, indices[i:j] - piece.start))
+        yield piece, indices[i:j] - piece.start
         i = j
-    return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 class CatchUp:

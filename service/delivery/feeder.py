@@ -9,7 +9,9 @@ ordered stream in ONE place, this actor, through the same ``RowHub`` as ``packfe
 and hands out rows with the same function (``service/delivery/steps.py``, the rule of
 ``service/delivery/assign.py``): at step s, rank k of N gets the B = grad_accum x
 micro_batch_rows rows of the step whose global index is k mod N, the last step filled with
-flagged padding rows. Rank k's micro-batch m is rows m*M .. (m+1)*M - 1 of its B. The answer
+flagged padding rows. Rank k's micro-batch m is rows m*M .. (m+1)*M - 1 of its B. With
+``balance = "compute"`` the step's same N*B rows are given out by service/delivery/balance.py
+instead, so that every micro-batch's ranks hold the same attention work. The answer
 is a function of the stream only, so an interrupted-then-resumed run, a run whose worker group
 Ray Train restarted, and an uninterrupted run train on the same rows.
 
@@ -52,6 +54,7 @@ from typing import Any
 from packfeed.client.rows import PackedRows
 from packfeed.client.state import StreamState
 from packfeed.service.delivery.assign import check_request, split_micro_batches
+from packfeed.service.delivery.balance import check_balance
 from packfeed.service.delivery.hub import OpenReader, RowHub
 from packfeed.service.delivery.manifest import Manifest
 from packfeed.service.delivery.mixture_changes import MixtureControl, MixtureRefused, apply_change
@@ -88,15 +91,18 @@ class RowFeeder:
         capacity: int | None = None,
         stats: Any = None,
         mixture: MixtureControl | None = None,
+        balance: str = "off",
     ) -> None:
         """``stats``: the RunStats the reader folds its windows into (None in tests);
         ``mixture``: the stream's MixtureControl, attached to ``manifest`` (None: a packed
-        directory, whose mixture cannot change)."""
+        directory, whose mixture cannot change); ``balance``: "off" or "compute" (each rank's
+        micro-batch m the same attention work as the others', balance.py)."""
         start = StreamState.resume_from(state)
         start.check_matches(config_hash, seq_len)
         self.world_size, self.grad_accum, self.micro_rows = world_size, grad_accum, micro_rows
         self.batch_rows = grad_accum * micro_rows
         self.seq_len, self.pad_id, self.config_hash = seq_len, pad_id, config_hash
+        self.balance = check_balance(balance)
         self.cursor0, self.first_step = start.cursor, start.step
         check_request(0, world_size, self.batch_rows, self.cursor0)
         per_step = world_size * self.batch_rows
@@ -125,7 +131,8 @@ class RowFeeder:
                 return STOP
             self._highest = max(self._highest, step)
         batch = rank_batch(self._consumers[rank], rank=rank, world_size=self.world_size, batch_rows=self.batch_rows,
-                           cursor=self.cursor0, step=step - self.first_step, seq_len=self.seq_len, pad_id=self.pad_id)
+                           cursor=self.cursor0, step=step - self.first_step, seq_len=self.seq_len, pad_id=self.pad_id,
+                           balance=self.balance, grad_accum=self.grad_accum)
         return None if batch is None else split_micro_batches(batch.rows, self.grad_accum)
 
     def set_mixture(self, step: int, weights: dict[str, float]) -> dict:
@@ -221,7 +228,7 @@ def stream_sources(stream: Any) -> list[tuple[str, int]]:
 def packed_dir_feeder(packed: PackedDir, *, saved_manifest: dict | None, **layout: Any) -> tuple[RowFeeder, list]:
     """(a RowFeeder over the packed directory ``packed`` in this process, as Ray's feeder actor
     has over it, its sources as ``stream_sources``). ``layout``: RowFeeder's ``world_size``,
-    ``grad_accum``, ``micro_rows``, ``pad_id``, ``state``, ``capacity``."""
+    ``grad_accum``, ``micro_rows``, ``pad_id``, ``state``, ``capacity``, ``balance``."""
     stream = packed_dir_stream(packed.path, packed.info)
     feeder = RowFeeder(**over_stream(stream, manifest_path=None, saved_manifest=saved_manifest), **layout)
     return feeder, stream_sources(stream)

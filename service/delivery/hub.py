@@ -41,9 +41,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+from packfeed.client.cost import attention_work
 from packfeed.client.rows import PackedRows, select_rows
 from packfeed.service import faults
-from packfeed.service.delivery.catchup import CatchUp, PackWindow, Piece, gather
+from packfeed.service.delivery.catchup import CatchUp, PackWindow, Piece, gather, gather_work
 from packfeed.service.delivery.manifest import Manifest
 
 # open_reader(start_window, first_row) -> iterator of (window, rows); rows carry global
@@ -194,9 +196,10 @@ class RowHub:
             reader.join(max(0.0, deadline - time.monotonic()))
         return not any(reader.is_alive() for reader in readers)
 
-    def _rows(self, cid: int, indices: range, alive: Callable[[], bool],
-              through: int | None = None) -> tuple[PackedRows | None, int | None]:
-        """Rows ``indices`` (an increasing range) that exist, and the stream length if known.
+    def _rows(self, cid: int, indices: range, alive: Callable[[], bool], through: int | None = None,
+              work: bool = False) -> tuple[PackedRows | None, int | None]:
+        """Rows ``indices`` (an increasing range) that exist, and the stream length if known;
+        with ``work``, only their attention work (float64, ``gather_work``; not counted served).
 
         Blocks until every requested row below the end of the stream is produced, and, with
         ``through``, until row ``through`` exists or the stream's length is known: a step's
@@ -220,6 +223,8 @@ class RowHub:
                 reach = want[-1] if total is not None or through is None else max(want[-1], through)
                 if self._reader is not None and self._floor <= want[0] and reach < self._produced:
                     state.attached = True
+                    if work:
+                        return gather_work(self._pieces, want), total
                     rows = self._gather(want)
                     self.rows_served += len(want)
                     return rows, total
@@ -246,6 +251,8 @@ class RowHub:
         rows, end = self._catchup.rows(want, reach)
         with self._cond:
             self._reached = max(self._reached, end)
+            if work:
+                return attention_work(rows), self.manifest.total_rows
             self.rows_served += rows.num_rows
             return rows, self.manifest.total_rows
 
@@ -436,6 +443,11 @@ class Consumer:
         """See RowHub: the existing rows of ``indices`` and the stream length if known (or,
         with ``through``, the knowledge that the stream reaches row ``through``)."""
         return self._hub._rows(self._cid, indices, self._alive, through)
+
+    def work(self, indices: range, through: int | None = None) -> tuple[np.ndarray | None, int | None]:
+        """``rows`` as the rows' attention work alone (client/cost.py; None for no rows): what
+        balance "compute" weighs a step by, with no token copied."""
+        return self._hub._rows(self._cid, indices, self._alive, through, work=True)
 
     def __enter__(self) -> "Consumer":
         return self

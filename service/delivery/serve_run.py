@@ -67,6 +67,8 @@ class ServeOptions:
     buffer_rows: int = 2048
     max_batch_rows: int = 256
     max_consumers: int = 64
+    balance: str = "off"  # "compute": each rank of a step the same attention work (balance.py)
+    micro_batches: int = 1  # with balance "compute": micro-batches of a consumer's batch, each balanced
     idle_timeout_s: float = 120.0
     grace_s: float = 10.0  # how long a drain waits for in-flight batches
     progress_s: float = 30.0
@@ -113,7 +115,8 @@ def run_serve(packed_or_config: PackedDir | DataConfig, options: ServeOptions, *
 
     hub = RowHub(stream.open_reader, manifest, capacity=options.buffer_rows, pack_window=stream.pack_window,
                  idle_timeout_s=options.idle_timeout_s, on_error=reader_failed)
-    service = PackFeedService(hub, stream, max_batch_rows=options.max_batch_rows, max_consumers=options.max_consumers)
+    service = PackFeedService(hub, stream, max_batch_rows=options.max_batch_rows, max_consumers=options.max_consumers,
+                              balance=options.balance, micro_batches=options.micro_batches)
     server, port, health_servicer = build_server(
         service, host=options.host, port=options.port, token=options.token, tls=options.tls,
         max_consumers=options.max_consumers,

@@ -69,6 +69,7 @@ from packfeed.client.wire import WIRE_VERSION, encode_batch
 from packfeed.service import faults
 from packfeed.service.delivery.assign import CursorOutOfRange, check_request
 from packfeed.service.delivery.auth import BearerTokenInterceptor
+from packfeed.service.delivery.balance import check_balance
 from packfeed.service.delivery.hub import ConsumerGone, HubClosed, RowHub
 from packfeed.service.delivery.listen_checks import check_tls_files, port_problem  # noqa: F401 (their old home)
 from packfeed.service.delivery.mixture_changes import MixtureChange, MixtureRefused, apply_change
@@ -88,8 +89,10 @@ LACKING_DETAILS = ("the mixture changed from row {row:,} and this client read pa
 class PackFeedService:
     """Handlers of packfeed.v1.PackFeed (plain methods over raw request bytes)."""
 
-    def __init__(self, hub: RowHub, meta: RowStream, *, max_batch_rows: int, max_consumers: int = 64) -> None:
+    def __init__(self, hub: RowHub, meta: RowStream, *, max_batch_rows: int, max_consumers: int = 64,
+                 balance: str = "off", micro_batches: int = 1) -> None:
         self.hub, self.meta, self.max_batch_rows, self.max_consumers = hub, meta, max_batch_rows, max_consumers
+        self.balance, self.micro_batches = check_balance(balance), micro_batches  # balance.py
         self._lock = threading.Lock()
         self.streams = 0  # StreamBatches calls open now
         self.batches_sent = 0
@@ -233,7 +236,8 @@ class PackFeedService:
                 version = self._end_if_stale(version, sent_end)  # before it asks the hub for rows far ahead
                 try:
                     batch = rank_batch(consumer, rank=req.rank, world_size=req.world_size, batch_rows=req.batch_rows,
-                                       cursor=req.cursor, step=step, seq_len=self.meta.seq_len, pad_id=self.meta.pad_id)
+                                       cursor=req.cursor, step=step, seq_len=self.meta.seq_len, pad_id=self.meta.pad_id,
+                                       balance=self.balance, grad_accum=self.micro_batches)
                 except ConsumerGone:
                     return
                 except HubClosed:
@@ -255,7 +259,7 @@ class PackFeedService:
                     stale_from = self._stale_from(version)
                     if stale_from is not None and wanted.cursor > stale_from:
                         continue  # maybe with the old weights: gather them again
-                sent_end = max(sent_end, wanted.rows[-1] + 1 if len(wanted.rows) else 0)
+                sent_end = max(sent_end, max(wanted.rows) + 1 if len(wanted.rows) else 0)
                 message = encode_batch(batch.rows, cursor=wanted.cursor, padding_rows=batch.padding,
                                        step=step).SerializeToString()
                 yield message, batch
@@ -299,6 +303,10 @@ class PackFeedService:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"batch_rows {req.batch_rows} is above this server's limit of {self.max_batch_rows} (--max-batch-rows)",
             )
+        if self.balance == "compute" and req.batch_rows % self.micro_batches:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"batch_rows {req.batch_rows} does not split into this server's {self.micro_batches} "
+                          "micro-batches (--micro-batches, with --balance compute)")
         if req.world_size * req.batch_rows > self.hub.capacity // 2:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -332,10 +340,11 @@ class PackFeedService:
 
 
 def _real_tokens(batch: RankBatch, rows: np.ndarray) -> int:
-    """Real tokens of the batch's real rows where ``rows`` (bool, one per real row) is True."""
+    """Real tokens of the batch's real rows where ``rows`` (bool, one per real row, in batch
+    order) is True."""
     splits, real = batch.rows.segment_splits, batch.rows.sample_ids != PAD_SAMPLE_ID
     return sum(int(batch.rows.seq_lens[splits[r]:splits[r + 1]][real[splits[r]:splits[r + 1]]].sum())
-               for r in np.flatnonzero(rows))
+               for r in np.flatnonzero(~batch.padding)[rows])
 
 
 class _EndCall(Exception):

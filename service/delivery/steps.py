@@ -25,8 +25,9 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from packfeed.client.rows import PackedRows
+from packfeed.client.rows import PackedRows, concat_rows, select_rows
 from packfeed.service.delivery.assign import StepRows, fill_batch, num_steps, step_rows
+from packfeed.service.delivery.balance import balanced_step
 from packfeed.service.delivery.hub import Consumer
 
 
@@ -34,8 +35,9 @@ from packfeed.service.delivery.hub import Consumer
 class RankBatch:
     """What one rank receives at one step.
 
-    ``rows``: B packed rows, the real ones (global index k mod N, increasing) then the padding.
-    ``padding``: bool [B], True for the padding rows. ``assignment``: which rows these are and
+    ``rows``: B packed rows, with balance "off" the real ones (global index k mod N, increasing)
+    then the padding; with "compute" in balance.py's order. ``padding``: bool [B], True for the
+    padding rows. ``assignment``: which rows these are and
     the cursor after the step. ``num_real_tokens``: real tokens of the real rows.
     """
 
@@ -47,11 +49,15 @@ class RankBatch:
 
 def rank_batch(
     consumer: Consumer, *, rank: int, world_size: int, batch_rows: int, cursor: int, step: int, seq_len: int,
-    pad_id: int,
+    pad_id: int, balance: str = "off", grad_accum: int = 1,
 ) -> RankBatch | None:
     """Rank ``rank``'s batch of ``step`` (0-based, counted from ``cursor``), None when the stream
     ends before it. Blocks until the hub holds its rows. CursorOutOfRange when the stream turns
-    out to end before ``cursor``."""
+    out to end before ``cursor``. ``balance`` "compute": the step's rows by balance.py, over
+    ``grad_accum`` micro-batches of the rank's B rows (weighed from the hub's segment lengths)."""
+    if balance == "compute":
+        return _balanced_batch(consumer, rank=rank, world_size=world_size, batch_rows=batch_rows, cursor=cursor,
+                               step=step, seq_len=seq_len, pad_id=pad_id, grad_accum=grad_accum)
     wanted = step_rows(rank, world_size, batch_rows, cursor, step)
     real, total = consumer.rows(wanted.rows, through=wanted.cursor - 1)  # the cursor must exist
     if total is not None:
@@ -60,6 +66,40 @@ def rank_batch(
         wanted = step_rows(rank, world_size, batch_rows, cursor, step, total)
     rows, padding = fill_batch(real, wanted, seq_len, pad_id)
     return RankBatch(rows, padding, wanted, 0 if real is None else real.num_real_tokens)
+
+
+def _balanced_batch(
+    consumer: Consumer, *, rank: int, world_size: int, batch_rows: int, cursor: int, step: int, seq_len: int,
+    pad_id: int, grad_accum: int,
+) -> RankBatch | None:
+    """``rank_batch`` with balance "compute": the step's rows weighed (their attention work
+    alone: no token copied), the rank's taken by ``balanced_step`` (every rank computes the same
+    assignment, cached), then read: B rows, as with "off"."""
+    per_step = world_size * batch_rows
+    whole = step_rows(0, 1, per_step, cursor, step)
+    work, total = consumer.work(whole.rows, through=whole.cursor - 1)
+    if total is not None:
+        if step >= num_steps(world_size, batch_rows, cursor, total):  # CursorOutOfRange past the end
+            return None
+        whole = step_rows(0, 1, per_step, cursor, step, total)
+    wanted = balanced_step(whole, work, rank=rank, world_size=world_size, grad_accum=grad_accum, seq_len=seq_len)
+    mine = _read(consumer, wanted.rows)
+    rows, padding = fill_batch(mine, wanted, seq_len, pad_id)
+    return RankBatch(rows, padding, wanted, 0 if mine is None else mine.num_real_tokens)
+
+
+def _read(consumer: Consumer, rows: tuple[int, ...]) -> PackedRows | None:
+    """Rows ``rows`` (any order) from the hub, in that order: one read per run of consecutive
+    indices, lowest first (a consumer's reads move up, so nothing it still needs is dropped).
+    Rows 9 4 5: reads 4..5 then 9, returned as 9 4 5."""
+    if not rows:
+        return None
+    ordered = sorted(rows)
+    cuts = [0, *[i for i in range(1, len(ordered)) if ordered[i] != ordered[i - 1] + 1], len(ordered)]
+    parts = [consumer.rows(range(ordered[a], ordered[b - 1] + 1))[0] for a, b in zip(cuts, cuts[1:])]
+    got = parts[0] if len(parts) == 1 else concat_rows(parts)
+    place = {row: i for i, row in enumerate(ordered)}
+    return select_rows(got, [place[row] for row in rows])
 
 
 class Deliveries:
@@ -82,12 +122,15 @@ class Deliveries:
         self._sent: dict[tuple[int, int], list[list[int]]] = {}  # (world_size, rank) -> [[lo, hi), ...]
         self._lock = threading.Lock()
 
-    def record(self, world_size: int, rank: int, rows: range) -> np.ndarray:
+    def record(self, world_size: int, rank: int, rows: range | tuple[int, ...]) -> np.ndarray:
         """Record ``rows`` (a rank's real rows of a step: stride ``world_size``) as sent to
         (``world_size``, ``rank``); bool [len(rows)]: True where a row had been sent to it before.
 
         For N=2, rank 0, rows 0 2 4 then, after a resume at cursor 2, rows 2 4 6: the second
-        call says [True, True, False]."""
+        call says [True, True, False]. A tuple (balance "compute": any rank may get any row of
+        a step) is recorded as sent to the world size's group, whichever rank got it."""
+        if not isinstance(rows, range):
+            return self._record_group(world_size, rows)
         again = np.zeros(len(rows), dtype=bool)
         if not len(rows):
             return again
@@ -100,6 +143,19 @@ class Deliveries:
                     last = min(len(rows), -(-(b - lo) // world_size))
                     again[first:last] = True
             _add_span(spans, lo, hi, world_size)
+        return again
+
+
+    def _record_group(self, world_size: int, rows: tuple[int, ...]) -> np.ndarray:
+        """``record`` for balance "compute": the rows sent to any rank of ``world_size``."""
+        index = np.asarray(rows, dtype=np.int64)
+        again = np.zeros(len(index), dtype=bool)
+        with self._lock:
+            spans = self._sent.setdefault((world_size, -1), [])  # rank -1: the group, stride 1
+            for a, b in spans:
+                again |= (index >= a) & (index < b)
+            for row in sorted(set(rows)):
+                _add_span(spans, row, row + 1, 1)
         return again
 
 

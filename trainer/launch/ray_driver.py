@@ -222,6 +222,7 @@ def _start_feeder(run: RunConfig, packed_or_plan: Any, opened: Opened, *, placem
         world_size=world,
         faults_env=faults_environment(),
         grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, capacity=run.feeder_buffer_rows,
+        balance=run.train.balance,
         pad_id=tokenizer.pad_id, tokenizer=tokenizer.ship(),
         state=None if state is None else state.stream, saved_manifest=None if state is None else state.manifest,
     )

@@ -89,7 +89,7 @@ class DirectoryRows:
         self.feeder, self.sources_ = packed_dir_feeder(
             packed, saved_manifest=None if state is None else state.manifest, world_size=world_size,
             grad_accum=run.train.grad_accum, micro_rows=run.train.micro_batch_rows, pad_id=pad_id,
-            state=None if state is None else state.stream, capacity=run.feeder_buffer_rows)
+            state=None if state is None else state.stream, capacity=run.feeder_buffer_rows, balance=run.train.balance)
 
     def get(self, step: int) -> list[PackedRows] | None:
         return self.feeder.get_step(self.rank, step)

@@ -392,3 +392,56 @@ def test_server_sigterm_drains_and_client_resumes_after_restart(server, ref):
     assert_exactly_once(rank.rows, rank.padding, ref)
     starts = packing_starts(log_between(server, restarted))
     assert any(w > 0 and row > 0 for w, row in starts), starts
+
+
+class StepRank(Rank):
+    """A Rank that also keeps the real row indices of each batch (``per_step``)."""
+
+    def __init__(self, stream: PackedStream, **kwargs) -> None:
+        super().__init__(stream, **kwargs)
+        self.per_step: list[list[int]] = []
+        self.on_batch = self._mark
+
+    def _mark(self, n: int) -> None:
+        self.per_step.append([row[0] for row in self.rows[sum(map(len, self.per_step)):]])
+
+
+def read_group(target: str, world: int, b: int, state: dict | None, max_batches: int | None) -> list[StepRank]:
+    streams = [PackedStream(target, rank=r, world_size=world, batch_rows=b, state=state) for r in range(world)]
+    try:
+        ranks = [StepRank(s, max_batches=max_batches) for s in streams]
+        run_ranks(ranks)
+        finish(ranks)
+        return ranks
+    finally:
+        close_all(streams)
+
+
+@pytest.mark.timeout(600)
+def test_balance_compute_4_ranks_sigkill_then_3_then_1_delivers_the_samples_of_off_once(ref, tmp_path):
+    """``--balance compute``: 4 ranks x 4 rows read K steps and save their state; the server is
+    SIGKILLed and started again; 3 ranks resume from that state for K2 steps, then 1 rank reads
+    to the end. Every row of the module's (balance off) reference, so every sample, exactly
+    once; each step's ranks together get the step's rows of off (the cursor's range)."""
+    rng = random.Random(SEED + 3)
+    k = rng.randint(5, ref.total // 16 // 3)
+    with ServerProcess([*SERVE_ARGS, "--balance", "compute"], log=tmp_path / "serve.log", state_dir=tmp_path / "state",
+                       env=SERVE_ENV) as server:
+        first = read_group(server.target, 4, 4, None, k)
+        state = first[0].stream.state_dict()
+        server.kill()
+        server.start()
+        k2 = rng.randint(3, (ref.total - state["cursor"]) // 12 // 2)
+        second = read_group(server.target, 3, 4, json.loads(json.dumps(state)), k2)
+        third = read_group(server.target, 1, 4, json.loads(json.dumps(second[0].stream.state_dict())), None)
+    groups = [(first, 0, 16), (second, state["cursor"], 12), (third, state["cursor"] + 12 * k2, 4)]
+    moved = 0
+    for ranks, cursor, per_step in groups:
+        for step in range(len(ranks[0].per_step)):
+            got = sorted(i for rank in ranks for i in rank.per_step[step])
+            start = cursor + step * per_step
+            assert got == list(range(start, min(start + per_step, ref.total))), "the step's rows of off"
+            moved += any(i % len(ranks) != r for r, rank in enumerate(ranks) for i in rank.per_step[step])
+    assert moved, "no row left its off rank: the test would not see the balance"
+    everyone = first + second + third
+    assert_exactly_once([row for r in everyone for row in r.rows], [i for r in everyone for i in r.padding], ref)

@@ -235,3 +235,19 @@ def test_data_that_needs_packing_is_refused_before_training(tmp_path):
     assert code != 0
     assert "packfeed train: error: --launcher torchrun trains on packed rows and does not start Ray to pack: pack " \
            "the data first" in out
+
+
+def test_torchrun_with_balance_compute_trains_each_steps_rows_of_off(config, tmp_path):
+    # [train] balance = "compute": each step the same 4 rows as "off" (rows 4(s-1) .. 4s-1), given
+    # to the ranks by attention work (service/delivery/balance.py), so some rank trains another row
+    balanced = tmp_path / "run.toml"
+    balanced.write_text(config.read_text().replace("record_rows = true", 'record_rows = true\nbalance = "compute"'))
+    output = tmp_path / "run"
+    code, out = Torchrun(balanced, output).ended()
+    assert code == 0, out[-3000:]
+    rows = trained_rows(output)
+    assert sorted(rows) == [(s, k) for s in range(1, STEPS + 1) for k in range(2)]
+    for s in range(1, STEPS + 1):
+        assert sorted(rows[(s, 0)] + rows[(s, 1)]) == list(range(4 * (s - 1), 4 * s)), f"step {s}"
+    off = {(s, k): [4 * (s - 1) + k + 2 * j for j in range(2)] for s in range(1, STEPS + 1) for k in range(2)}
+    assert rows != off, "no step's rows moved: the test would not see the balance"

@@ -20,6 +20,7 @@ from packfeed.trainer.loop.optim import lr_factor
         pytest.param({"grad_accum": 1.5}, "grad_accum must be an integer", id="fractional-accum"),
         pytest.param({"feeder_buffer_rows": 64}, "feeder_buffer_rows must be 0 .automatic. or >= 128",
                      id="feeder-buffer-below-the-hub's-least"),
+        pytest.param({"balance": "tokens"}, "balance must be one of off, compute; got 'tokens'", id="bad-balance"),
     ],
 )
 def test_train_config_rejects(kwargs, match):
@@ -95,10 +96,10 @@ def test_run_config_round_trip_and_unknown_keys():
     d = {
         "data": {"inputs": ["a.jsonl"], "tokenizer": "tok", "seq_len": 64},
         "model": {"name": "tiny-qwen3", "overrides": {"hidden_size": 32}},
-        "train": {"max_steps": 7, "stop_at_step": 3},
+        "train": {"max_steps": 7, "stop_at_step": 3, "balance": "compute"},
     }
     run = RunConfig.from_dict(d)
-    assert run.train.last_step == 3 and run.scaling == TrainScaling()
+    assert run.train.last_step == 3 and run.scaling == TrainScaling() and run.train.balance == "compute"
     assert RunConfig.from_dict(run.to_dict()) == run
     with pytest.raises(ValueError, match=r"unknown \[train\] keys \['max_step'\]"):
         RunConfig.from_dict({**d, "train": {"max_step": 7}})
