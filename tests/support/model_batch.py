@@ -7,6 +7,7 @@ from collections import defaultdict
 import numpy as np
 
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, PackedRows, positions_from_seq_lens
+from packfeed.service.packing import assemble_rows, pack
 
 
 def segments_by_sample(rows: PackedRows) -> dict[int, list[tuple[np.ndarray, np.ndarray]]]:
@@ -55,3 +56,18 @@ def segments() -> list[tuple[int, int, int]]:
         for r, lens in enumerate(SEQ_LENS)
         for start, length in zip(np.cumsum(lens) - lens, lens)
     ]
+
+
+def packed_prompt_rows(seed: int, *, samples: int, max_len: int, seq_len: int, vocab: int) -> PackedRows:
+    """Rows from the real packer (bfd) of ``samples`` random samples of 2..``max_len`` tokens,
+    sample ids 0..samples-1 in order, every third with its first half masked as a prompt,
+    padding at the rows' ends."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, max_len + 1, size=samples)
+    tokens = rng.integers(3, vocab, size=int(lengths.sum())).astype(np.int32)
+    labels = tokens.copy()
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for i in range(0, len(lengths), 3):
+        labels[offsets[i]:offsets[i] + lengths[i] // 2] = IGNORE_INDEX
+    return assemble_rows(pack(lengths, seq_len, strategy="bfd"), tokens, labels, offsets, np.arange(len(lengths)),
+                         seq_len=seq_len, pad_id=0)

@@ -168,10 +168,10 @@ def _train_steps(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, start: 
     completed, whether the run was stopped). Checkpoints where the loop ended when that step has
     none yet."""
     train, rank = run.train, runtime.rank
-    log = _interval_logger(run, runtime, trainee, output=output, trackers=trackers)
     hook = load_hook(train.mixture_hook)
     sources = runtime.sources()
     table = _source_table(runtime, sources)
+    log = _interval_logger(run, runtime, trainee, output=output, trackers=trackers, sources=[n for n, _ in table])
     evaluate_at = _evaluator(run, runtime, trainee, pad_id=pad_id)
     step, last, reported, stopped = start, train.last_step, -1, False
     if step < last:
@@ -288,16 +288,15 @@ def _record_rows(output: str, *, rank: int, step: int, loss: float, rows: list) 
 
 
 def _interval_logger(run: RunConfig, runtime: Runtime, trainee: _Trainee, *, output: str,
-                     trackers: Trackers) -> Callable[..., None]:
+                     trackers: Trackers, sources: list[str]) -> Callable[..., None]:
     """``log(window, step=, lr=)``: close a metrics interval with this rank's memory figures
-    (``_log``), its throughput against the model's FLOPs per token and the GPUs' peak; rank 0's
-    ``trackers`` get each record."""
+    (``_log``), its throughput against the model's FLOPs per token and the GPUs' peak, the loss
+    of each of ``sources`` (the source table's names); rank 0's ``trackers`` get each record."""
     import torch
 
     device = runtime.device
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     flops = flops_per_token(trainee.model, run.data.seq_len)
-    sources = [name for name, _ in runtime.sources()]
 
     def log(window: MetricsWindow, *, step: int, lr: float, evaluated: dict | None = None) -> None:
         _log(window, step=step, lr=lr, rank=runtime.rank, output=output, max_steps=run.train.max_steps,

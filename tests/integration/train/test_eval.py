@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.train import WORKERS, Train, run_config_text
+from support.train import Train, run_config_text
 
 from packfeed.client.model_inputs import to_model_inputs
 from packfeed.client.rows import IGNORE_INDEX, select_rows
@@ -149,5 +148,4 @@ def test_each_records_source_losses_give_its_loss(run):
         seen |= set(losses)
         weighted = sum(losses[n] * tokens[n] for n in losses) / sum(tokens.values())
         assert weighted == pytest.approx(record["loss"], rel=1e-9)
-    assert seen == set(SOURCES) and WORKERS == 2
-    assert os.path.isdir(output / "final")
+    assert seen == set(SOURCES)

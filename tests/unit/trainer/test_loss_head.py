@@ -19,12 +19,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from support.compare import relative_error  # noqa: E402
+from support.model_batch import packed_prompt_rows  # noqa: E402
 from support.torch_ranks import one_torch_thread  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from packfeed.client.model_inputs import num_trained_tokens, to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID, select_rows  # noqa: E402
-from packfeed.service.packing import assemble_rows, pack  # noqa: E402
 from packfeed.trainer.run_config import ModelConfig  # noqa: E402
 from packfeed.trainer.objective.dpo import PAIR_KEYS  # noqa: E402
 from packfeed.trainer.objective.loss_head import (  # noqa: E402
@@ -109,15 +109,7 @@ def packed_inputs(num_rows: int = ROWS, seed: int = 10) -> dict:
 def packed_rows(num_rows: int = ROWS, seed: int = 10):
     """``num_rows`` rows from the real packer: samples of 2..20 tokens, every third with its
     first half masked as a prompt."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(2, 21, size=12)
-    tokens = rng.integers(3, VOCAB, size=int(lengths.sum())).astype(np.int32)
-    labels = tokens.copy()
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    for i in range(0, len(lengths), 3):
-        labels[offsets[i]:offsets[i] + lengths[i] // 2] = IGNORE_INDEX
-    rows = assemble_rows(pack(lengths, SEQ_LEN, strategy="bfd"), tokens, labels, offsets, np.arange(len(lengths)),
-                         seq_len=SEQ_LEN, pad_id=0)
+    rows = packed_prompt_rows(seed, samples=12, max_len=20, seq_len=SEQ_LEN, vocab=VOCAB)
     rows = select_rows(rows, np.arange(num_rows))
     # Not vacuous: several segments in a row, a prompt mask after a row's first segment, padding.
     assert max(np.diff(rows.segment_splits)) >= 3 and (rows.sample_ids == PAD_SAMPLE_ID).any()

@@ -26,11 +26,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.model_batch import packed_prompt_rows  # noqa: E402
 from support.torch_ranks import one_torch_thread  # noqa: E402
 
 from packfeed.client.model_inputs import to_model_inputs  # noqa: E402
 from packfeed.client.rows import IGNORE_INDEX, PAD_SAMPLE_ID  # noqa: E402
-from packfeed.service.packing import assemble_rows, pack  # noqa: E402
 from packfeed.trainer.loop.evaluate import EvalConfig, _first_rows, eval_record  # noqa: E402
 from packfeed.trainer.loop.interval import MetricsWindow, summarize  # noqa: E402
 from packfeed.trainer.model.builder import build_model  # noqa: E402
@@ -55,15 +55,7 @@ def model():
 def packed_rows(seed: int):
     """Rows of 14 samples (ids 0..13: sources 0, 1, 2 by ``FIRST_IDS``) of 2..18 tokens, every
     third with its first half masked as a prompt, padding at the rows' ends."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(2, 19, size=14)
-    tokens = rng.integers(3, VOCAB, size=int(lengths.sum())).astype(np.int32)
-    labels = tokens.copy()
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    for i in range(0, len(lengths), 3):
-        labels[offsets[i]:offsets[i] + lengths[i] // 2] = IGNORE_INDEX
-    rows = assemble_rows(pack(lengths, SEQ_LEN, strategy="bfd"), tokens, labels, offsets, np.arange(len(lengths)),
-                         seq_len=SEQ_LEN, pad_id=0)
+    rows = packed_prompt_rows(seed, samples=14, max_len=18, seq_len=SEQ_LEN, vocab=VOCAB)
     assert (rows.sample_ids == PAD_SAMPLE_ID).any() and max(np.diff(rows.segment_splits)) >= 3
     return rows
 
