@@ -129,7 +129,10 @@ def test_a_framed_template_takes_the_turn_path_and_gives_the_rendering_paths_row
         assert paths["turns"] >= len(plain) and paths["jinja"] == 0, (paths, fast._renderer().reasons)
     turns_before = {k: p[1]._renderer().paths["turns"] for k, p in packers.items()}
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    # derandomized: the same 120 examples on every machine, so the count below is a fact of the
+    # sweep, not of the draw (a fresh clone drew 43 of them through the turn path once)
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
+              database=None)
     @given(batch=st.lists(conversations(), min_size=1, max_size=6), loss=st.sampled_from(["auto", "all"]),
            eos=st.booleans())
     def check(batch, loss, eos):
